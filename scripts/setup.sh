@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Idempotent toolchain setup for pgqueue on Debian 12 (root):
+#   Debian packages, cargo-pgrx 0.18.1, PostgreSQL 17/18 built from Debian's
+#   checksummed source tarballs into a cache outside the clone, `cargo pgrx init`.
+# A second run rebuilds nothing.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=scripts/env.sh
+source "$here/env.sh"
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+# --- Debian packages ---------------------------------------------------------
+debs=(sudo bison flex libclang-dev clang pkg-config make gcc libreadline-dev zlib1g-dev
+      libssl-dev libicu-dev ca-certificates curl bzip2 postgresql-15 postgresql-server-dev-15)
+missing=()
+for p in "${debs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    log "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # The Debian package starts a cluster we do not use; keep the machine quiet.
+    if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql/15/main ]; then
+        pg_ctlcluster 15 main stop 2>/dev/null || true
+    fi
+fi
+
+# --- cargo-pgrx --------------------------------------------------------------
+if [ "$(cargo pgrx --version 2>/dev/null | awk '{print $2}')" != "$PGRX_VERSION" ]; then
+    log "installing cargo-pgrx $PGRX_VERSION (a few minutes)"
+    cargo install cargo-pgrx --version "$PGRX_VERSION" --locked --quiet
+fi
+
+# --- PostgreSQL 17 and 18 from Debian source tarballs ------------------------
+# The archive is whatever apt is configured with on this machine.
+apt_uri() {
+    local f uri=""
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [ -f "$f" ] || continue
+        uri=$(awk '/^URIs:/ {print $2; exit}' "$f")
+        [ -n "$uri" ] && break
+    done
+    if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
+        uri=$(awk '$1=="deb" && $0 !~ /security/ {print $2; exit}' /etc/apt/sources.list)
+    fi
+    [ -n "$uri" ] || { echo "no apt archive URI found" >&2; exit 1; }
+    echo "${uri%/}"
+}
+
+build_pg() { # major version sha256
+    local major=$1 version=$2 sha=$3
+    local prefix="$PGQUEUE_CACHE/pg$major"
+    if [ -x "$prefix/bin/pg_config" ] && [ "$("$prefix/bin/pg_config" --version)" = "PostgreSQL $version" ]; then
+        return
+    fi
+    local tarball="postgresql-${major}_${version}.orig.tar.bz2"
+    local src="$PGQUEUE_CACHE/src"
+    mkdir -p "$src"
+    if ! echo "$sha  $src/$tarball" | sha256sum -c --status 2>/dev/null; then
+        log "downloading $tarball"
+        curl -fsSL --retry 3 -o "$src/$tarball.part" "$(apt_uri)/pool/main/p/postgresql-$major/$tarball"
+        echo "$sha  $src/$tarball.part" | sha256sum -c --status || { echo "checksum mismatch for $tarball" >&2; exit 1; }
+        mv "$src/$tarball.part" "$src/$tarball"
+    fi
+    log "building PostgreSQL $version into $prefix (about 5 minutes)"
+    local build
+    build=$(mktemp -d "$src/build-$major.XXXX")
+    tar -xjf "$src/$tarball" -C "$build" --strip-components=1
+    (
+        cd "$build"
+        ./configure --prefix="$prefix" --without-icu --enable-debug --enable-cassert >"$build/configure.log" 2>&1
+        make -j"$(nproc)" world-bin >"$build/make.log" 2>&1
+        rm -rf "$prefix"
+        make install-world-bin >"$build/install.log" 2>&1
+    ) || { echo "PostgreSQL $version build failed; logs in $build" >&2; exit 1; }
+    rm -rf "$build"
+}
+
+build_pg 17 17.11 dd27f2b3c59e73ed14aa3324901242bf69a032a6347805f274e6260322d42979
+build_pg 18 18.6 555610c24d53e4316da5b7d3fc25c279d96856d5e0e23ee308c328c5fa881d9f
+
+# --- cargo pgrx init ---------------------------------------------------------
+want="$PGRX_HOME/config.toml"
+if ! { [ -f "$want" ] && grep -q "$PG15_CONFIG" "$want" && grep -q "$PGQUEUE_CACHE/pg17" "$want" \
+        && grep -q "$PGQUEUE_CACHE/pg18" "$want"; }; then
+    log "cargo pgrx init"
+    cargo pgrx init --pg15="$PG15_CONFIG" --pg17="$PGQUEUE_CACHE/pg17/bin/pg_config" \
+        --pg18="$PGQUEUE_CACHE/pg18/bin/pg_config" >/dev/null
+fi
+
+# The test and run commands install the extension into these trees as root, then the
+# postgres user runs the servers; make the build trees readable for it.
+log "toolchain ready (cache: $PGQUEUE_CACHE)"

@@ -1,0 +1,83 @@
+//! pgqueue: a job queue inside PostgreSQL.
+//!
+//! Layout: one module per concern. `schema` owns every table and index (from `sql/`),
+//! `guc` every setting, `worker` the background worker that looks after the queues.
+
+use pgrx::prelude::*;
+
+mod guc;
+mod schema;
+mod worker;
+
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.1.0");
+
+#[pg_guard]
+#[allow(non_snake_case)]
+pub extern "C-unwind" fn _PG_init() {
+    guc::init();
+    // SAFETY: plain reads of postmaster globals during library load.
+    let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    let binary_upgrade = unsafe { pg_sys::IsBinaryUpgrade };
+    // Loaded into a single session (no preload): the SQL API works, but a worker can only
+    // be registered while the postmaster loads `shared_preload_libraries`.
+    if preloading && !binary_upgrade {
+        worker::register();
+    }
+}
+
+/// The extension's version as installed in this database.
+#[pg_extern(stable, parallel_safe)]
+fn pgq_version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn test_extension_installed() {
+        let schema = Spi::get_one::<String>(
+            "SELECT n.nspname::text FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+             WHERE e.extname = 'pgqueue'",
+        );
+        assert_eq!(schema, Ok(Some("pgqueue".to_string())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.1.0".into())));
+    }
+
+    #[pg_test]
+    fn test_worker_state_row_exists() {
+        let rows = Spi::get_one::<i64>("SELECT count(*) FROM pgqueue.worker_state");
+        assert_eq!(rows, Ok(Some(1)));
+    }
+
+    #[pg_test]
+    fn test_settings_registered() {
+        // Reserved prefix and defaults an operator sees in pg_settings.
+        let ctx = Spi::get_one::<String>(
+            "SELECT context FROM pg_settings WHERE name = 'pgqueue.tick_interval'",
+        );
+        assert_eq!(ctx, Ok(Some("sighup".into())));
+        let ctx = Spi::get_one::<String>(
+            "SELECT context FROM pg_settings WHERE name = 'pgqueue.database'",
+        );
+        assert_eq!(ctx, Ok(Some("postmaster".into())));
+    }
+}
+
+/// Hooks for `cargo pgrx test`; also used by the integration tests in `tests/`.
+#[cfg(any(test, feature = "pg_test"))]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    /// The test cluster preloads the library so the worker runs, in the test database,
+    /// ticking fast so tests wait little.
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![
+            "shared_preload_libraries = 'pgqueue'",
+            "pgqueue.database = 'pgrx_tests'",
+            "pgqueue.tick_interval = '100ms'",
+        ]
+    }
+}
