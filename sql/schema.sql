@@ -1,4 +1,84 @@
--- pgqueue schema. Every table, constraint and index of the extension is defined here.
+-- pgqueue schema: every table, constraint, index and role of the extension is defined here.
+
+-- Roles are cluster-wide, so a second database's CREATE EXTENSION finds them already there.
+DO $roles$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['pgqueue_producer', 'pgqueue_consumer', 'pgqueue_admin'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = r) THEN
+            EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', r);
+        END IF;
+    END LOOP;
+END
+$roles$;
+
+-- Queue settings, one row per queue. Names follow pgqueue._check_queue_name.
+CREATE TABLE pgqueue.queues (
+    queue        text PRIMARY KEY,
+    lease        interval NOT NULL DEFAULT '120 s' CHECK (lease > '0'),
+    max_attempts integer NOT NULL DEFAULT 5 CHECK (max_attempts BETWEEN 1 AND 1000),
+    retention    interval NOT NULL DEFAULT '7 days' CHECK (retention >= '0'),
+    paused       boolean NOT NULL DEFAULT false,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+
+-- The hot table: messages that are waiting (ready, or delayed until visible_at) or claimed.
+-- Completed and dead-lettered messages move to pgqueue.history.
+-- fillfactor leaves room on each page so that lease renewals stay HOT updates.
+CREATE TABLE pgqueue.messages (
+    msg_id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue            text NOT NULL REFERENCES pgqueue.queues ON DELETE CASCADE,
+    state            text NOT NULL CONSTRAINT messages_state_check
+                         CHECK (state IN ('ready', 'delayed', 'claimed')),
+    priority         smallint NOT NULL DEFAULT 0 CONSTRAINT messages_priority_check
+                         CHECK (priority BETWEEN -1000 AND 1000),
+    attempt          integer NOT NULL DEFAULT 0,
+    payload          jsonb NOT NULL,
+    headers          jsonb,
+    enqueued_at      timestamptz NOT NULL DEFAULT now(),
+    visible_at       timestamptz,
+    claim_token      uuid,
+    claimed_at       timestamptz,
+    consumer         text,
+    lease_expires_at timestamptz,  -- deliberately in no index: renewals stay HOT
+    last_error       text,
+    CONSTRAINT messages_delayed_has_due_time CHECK ((state = 'delayed') = (visible_at IS NOT NULL)),
+    CONSTRAINT messages_claimed_has_lease
+        CHECK ((state = 'claimed') = (claim_token IS NOT NULL AND lease_expires_at IS NOT NULL))
+) WITH (fillfactor = 80);
+
+-- The claim walks only claimable rows, highest priority first, FIFO within a priority.
+CREATE INDEX messages_ready_idx ON pgqueue.messages (queue, priority DESC, msg_id)
+    WHERE state = 'ready';
+-- Delayed rows in due order: promotion stops at the first row not yet due.
+CREATE INDEX messages_delayed_idx ON pgqueue.messages (queue, visible_at)
+    WHERE state = 'delayed';
+-- In-flight rows, for re-arming expired claims (the lease itself is not indexed).
+CREATE INDEX messages_claimed_idx ON pgqueue.messages (msg_id)
+    WHERE state = 'claimed';
+
+-- Completed and dead-lettered messages, kept for each queue's retention. Partitioned by
+-- queue, then by day of finished_at, so pruning drops whole partitions instead of
+-- deleting rows. pgq_create_queue creates a queue's partitions.
+CREATE TABLE pgqueue.history (
+    msg_id      bigint NOT NULL,
+    queue       text NOT NULL,
+    outcome     text NOT NULL CONSTRAINT history_outcome_check
+                    CHECK (outcome IN ('completed', 'dead')),
+    priority    smallint NOT NULL,
+    attempt     integer NOT NULL,
+    payload     jsonb NOT NULL,
+    headers     jsonb,
+    enqueued_at timestamptz NOT NULL,
+    finished_at timestamptz NOT NULL DEFAULT now(),
+    last_error  text
+) PARTITION BY LIST (queue);
+CREATE INDEX history_dead_idx ON pgqueue.history (queue, msg_id) WHERE outcome = 'dead';
+
+-- Queue data is user data: pg_dump keeps it.
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.queues', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages', '');
 
 -- One row: what the background worker last did in this database. The worker updates it
 -- every tick, so it doubles as a liveness signal anyone can read.

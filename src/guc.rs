@@ -9,6 +9,9 @@ use std::time::Duration;
 pub static DATABASE: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(Some(c"postgres"));
 
+/// Largest payload (jsonb size in bytes) pgq_send accepts.
+pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+
 /// Milliseconds between two ticks of the worker.
 pub static TICK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
@@ -22,6 +25,16 @@ pub fn init() {
         3_600_000,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"pgqueue.max_payload_bytes",
+        c"Largest message payload pgqueue accepts, in bytes (jsonb size).",
+        c"Larger payloads are rejected with SQLSTATE 54000.",
+        &MAX_PAYLOAD_BYTES,
+        1,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_BYTE,
     );
     // SAFETY: read of a postmaster global during library load.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
@@ -49,4 +62,11 @@ pub fn database() -> String {
         .map(CStr::to_string_lossy)
         .map(Into::into)
         .unwrap_or_else(|| "postgres".into())
+}
+
+/// The payload limit in force, for the SQL API (calling it also loads the library, and so
+/// registers the setting, in sessions that did not preload it).
+#[pgrx::pg_extern(stable, parallel_safe)]
+fn _max_payload_bytes() -> i32 {
+    MAX_PAYLOAD_BYTES.get()
 }

@@ -43,7 +43,10 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.1.0".into())));
+        assert_eq!(
+            Spi::get_one::<String>("SELECT pgqueue.pgq_version()"),
+            Ok(Some("0.1.0".into()))
+        );
     }
 
     #[pg_test]

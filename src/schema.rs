@@ -1,3 +1,12 @@
-//! The extension's tables, constraints and indexes: all of it lives in `sql/schema.sql`.
+//! The extension's SQL, in the order it is installed: the schema (tables, indexes, roles),
+//! the argument checks every API function shares, one file per API family, the metrics
+//! views, and finally the privileges.
 
 pgrx::extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
+pgrx::extension_sql_file!("../sql/errors.sql", name = "errors", requires = ["schema"]);
+pgrx::extension_sql_file!("../sql/queues.sql", name = "queues", requires = ["errors"]);
+pgrx::extension_sql_file!("../sql/send.sql", name = "send", requires = ["queues"]);
+pgrx::extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["send"]);
+pgrx::extension_sql_file!("../sql/finish.sql", name = "finish", requires = ["claim"]);
+pgrx::extension_sql_file!("../sql/stats.sql", name = "stats", requires = ["finish"]);
+pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);

@@ -84,7 +84,10 @@ fn extension_exists() -> bool {
 
 /// Runs `body` in its own transaction. An error is logged and the transaction rolled
 /// back; the worker carries on with `None`.
-fn in_transaction<R>(step: &str, body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Option<R> {
+fn in_transaction<R>(
+    step: &str,
+    body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe,
+) -> Option<R> {
     // SAFETY: the standard transaction bracket for a background worker.
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();

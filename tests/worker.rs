@@ -42,26 +42,42 @@ fn worker_lifecycle() {
     let mut client = connect();
 
     // 1. It runs in the test database and commits its heartbeat, again and again.
-    let pid = wait_for("the worker in pg_stat_activity", LIMIT, || worker_backend(&mut client));
-    let (state_pid, ticks, interval) =
-        wait_for("a committed tick", LIMIT, || state(&mut client).filter(|&(p, ..)| p == pid));
+    let pid = wait_for("the worker in pg_stat_activity", LIMIT, || {
+        worker_backend(&mut client)
+    });
+    let (state_pid, ticks, interval) = wait_for("a committed tick", LIMIT, || {
+        state(&mut client).filter(|&(p, ..)| p == pid)
+    });
     assert_eq!(state_pid, pid);
-    assert_eq!(interval, 100, "the test cluster sets pgqueue.tick_interval = 100ms");
+    assert_eq!(
+        interval, 100,
+        "the test cluster sets pgqueue.tick_interval = 100ms"
+    );
     ticks_beyond(&mut client, pid, ticks);
 
     // 2. SIGHUP: a reloaded tick interval is what the worker uses from then on.
-    client.batch_execute("ALTER SYSTEM SET pgqueue.tick_interval = '150ms'; SELECT pg_reload_conf()").unwrap();
+    client
+        .batch_execute("ALTER SYSTEM SET pgqueue.tick_interval = '150ms'; SELECT pg_reload_conf()")
+        .unwrap();
     let (_, _, interval) = wait_for("the reloaded interval", LIMIT, || {
         state(&mut client).filter(|&(p, _, i)| p == pid && i == 150)
     });
     assert_eq!(interval, 150);
-    client.batch_execute("ALTER SYSTEM RESET pgqueue.tick_interval; SELECT pg_reload_conf()").unwrap();
-    wait_for("the interval reset", LIMIT, || state(&mut client).filter(|&(_, _, i)| i == 100));
+    client
+        .batch_execute("ALTER SYSTEM RESET pgqueue.tick_interval; SELECT pg_reload_conf()")
+        .unwrap();
+    wait_for("the interval reset", LIMIT, || {
+        state(&mut client).filter(|&(_, _, i)| i == 100)
+    });
 
     // 3. The extension disappearing and coming back does not kill the worker.
     client.batch_execute("DROP EXTENSION pgqueue").unwrap();
     std::thread::sleep(Duration::from_millis(500)); // several ticks without the extension
-    assert_eq!(worker_backend(&mut client), Some(pid), "worker survives the extension's absence");
+    assert_eq!(
+        worker_backend(&mut client),
+        Some(pid),
+        "worker survives the extension's absence"
+    );
     client.batch_execute("CREATE EXTENSION pgqueue").unwrap();
     let (_, ticks, _) = wait_for("ticks in the recreated extension", LIMIT, || {
         state(&mut client).filter(|&(p, t, _)| p == pid && t > 0)

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use postgres::Client;
@@ -19,6 +21,47 @@ pub fn connect() -> Client {
     pgrx_tests::client().expect("connect to the test cluster").0
 }
 
+/// A connection whose server notices (e.g. auto_explain output) are collected in `sink`.
+pub fn connect_with_notices(sink: Arc<Mutex<Vec<String>>>) -> Client {
+    let mut probe = connect();
+    let row = probe
+        .query_one(
+            "SELECT current_setting('port')::int, current_user::text, current_database()::text",
+            &[],
+        )
+        .unwrap();
+    let (port, user, db): (i32, String, String) = (row.get(0), row.get(1), row.get(2));
+    postgres::Config::new()
+        .host("localhost")
+        .port(port as u16)
+        .user(&user)
+        .dbname(&db)
+        .notice_callback(move |notice| sink.lock().unwrap().push(notice.message().to_string()))
+        .connect(postgres::NoTls)
+        .expect("connect with a notice callback")
+}
+
+/// A queue name no other test uses.
+pub fn unique_queue(prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The SQLSTATE of a failed statement.
+pub fn sqlstate(result: Result<impl Sized, postgres::Error>) -> String {
+    match result {
+        Ok(_) => panic!("expected an error, the statement succeeded"),
+        Err(e) => e
+            .code()
+            .map(|c| c.code().to_string())
+            .unwrap_or_else(|| format!("no SQLSTATE: {e}")),
+    }
+}
+
 /// Polls `probe` until it returns `Some`, failing the test after `limit`.
 pub fn wait_for<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
@@ -26,7 +69,10 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Optio
         if let Some(value) = probe() {
             return value;
         }
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -1,0 +1,124 @@
+-- Argument checks shared by the API: every error the API raises comes from here, with its
+-- SQLSTATE, so the messages and codes stay consistent (and documented in the README).
+
+-- 22004: a required argument is NULL.
+CREATE FUNCTION pgqueue._require(value anyelement, argument text) RETURNS anyelement
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION 'pgqueue: argument "%" must not be NULL', argument
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN value;
+END
+$$;
+
+-- 22023: an argument's value is out of its documented range.
+CREATE FUNCTION pgqueue._invalid(argument text, problem text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'pgqueue: invalid value for "%": %', argument, problem
+        USING ERRCODE = 'invalid_parameter_value';
+END
+$$;
+
+-- Queue names: a lower-case letter, then lower-case letters, digits or underscores;
+-- 1 to 40 characters. They end up in partition names, so nothing else is accepted.
+CREATE FUNCTION pgqueue._check_queue_name(queue text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgqueue._require(queue, 'queue');
+    IF queue !~ '^[a-z][a-z0-9_]{0,39}$' THEN
+        PERFORM pgqueue._invalid('queue', pg_catalog.format(
+            '%L is not a queue name (a lower-case letter, then up to 39 lower-case letters, digits or underscores)',
+            queue));
+    END IF;
+    RETURN queue;
+END
+$$;
+
+-- The queue's settings; 42704 when it does not exist.
+CREATE FUNCTION pgqueue._queue(queue text) RETURNS pgqueue.queues
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    q pgqueue.queues;
+BEGIN
+    SELECT * INTO q FROM pgqueue.queues WHERE queues.queue = _queue.queue;
+    IF NOT FOUND THEN
+        PERFORM pgqueue._check_queue_name(queue);
+        RAISE EXCEPTION 'pgqueue: queue "%" does not exist', queue
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- Leases: more than zero, at most one day.
+CREATE FUNCTION pgqueue._check_lease(lease interval, argument text DEFAULT 'lease') RETURNS interval
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF lease IS NOT NULL AND (lease <= interval '0' OR lease > interval '1 day') THEN
+        PERFORM pgqueue._invalid(argument, pg_catalog.format('%s is not between 0 (exclusive) and 1 day', lease));
+    END IF;
+    RETURN lease;
+END
+$$;
+
+-- Delays and retry times: from zero to 365 days.
+CREATE FUNCTION pgqueue._check_delay(delay interval, argument text) RETURNS interval
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF delay IS NOT NULL AND (delay < interval '0' OR delay > interval '365 days') THEN
+        PERFORM pgqueue._invalid(argument, pg_catalog.format('%s is not between 0 and 365 days', delay));
+    END IF;
+    RETURN delay;
+END
+$$;
+
+-- Priorities: -1000 to 1000, higher is claimed first (the same bounds as the CHECK).
+CREATE FUNCTION pgqueue._check_priority(priority smallint) RETURNS smallint
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgqueue._require(priority, 'priority');
+    IF priority NOT BETWEEN -1000 AND 1000 THEN
+        PERFORM pgqueue._invalid('priority', pg_catalog.format('%s is not between -1000 and 1000', priority));
+    END IF;
+    RETURN priority;
+END
+$$;
+
+-- Paired arrays (ids and tokens) must be non-NULL and of the same length.
+CREATE FUNCTION pgqueue._check_pairs(msg_ids bigint[], claim_tokens uuid[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgqueue._require(msg_ids, 'msg_ids');
+    PERFORM pgqueue._require(claim_tokens, 'claim_tokens');
+    IF pg_catalog.cardinality(msg_ids) <> pg_catalog.cardinality(claim_tokens) THEN
+        PERFORM pgqueue._invalid('claim_tokens', pg_catalog.format(
+            '%s tokens for %s ids', pg_catalog.cardinality(claim_tokens), pg_catalog.cardinality(msg_ids)));
+    END IF;
+    IF pg_catalog.array_position(msg_ids, NULL) IS NOT NULL
+       OR pg_catalog.array_position(claim_tokens, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'pgqueue: msg_ids and claim_tokens must not contain NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+END
+$$;
+
+-- 54000: a payload larger than pgqueue.max_payload_bytes (jsonb size, pg_column_size).
+CREATE FUNCTION pgqueue._check_payload(payload jsonb, argument text DEFAULT 'payload') RETURNS jsonb
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    size integer;
+    max_size integer;
+BEGIN
+    PERFORM pgqueue._require(payload, argument);
+    size := pg_catalog.pg_column_size(payload);
+    max_size := pgqueue._max_payload_bytes();
+    IF size > max_size THEN
+        RAISE EXCEPTION 'pgqueue: payload of % bytes is larger than pgqueue.max_payload_bytes (%)', size, max_size
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    RETURN payload;
+END
+$$;

@@ -1,0 +1,164 @@
+-- Finishing messages: ack (completed), nack (retry later or dead letter), fail (dead
+-- letter now), plus re-arming expired claims and redriving dead letters.
+
+-- Moves messages out of the hot table into their queue's history, as completed or dead.
+CREATE FUNCTION pgqueue._to_history(msg_ids bigint[], outcome text, error text DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH gone AS (
+        DELETE FROM pgqueue.messages m WHERE m.msg_id = ANY (msg_ids)
+        RETURNING m.msg_id, m.queue, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
+                  m.last_error
+    ), kept AS (
+        INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, headers,
+                                     enqueued_at, last_error)
+        SELECT g.msg_id, g.queue, outcome, g.priority, g.attempt, g.payload, g.headers,
+               g.enqueued_at, coalesce(error, g.last_error)
+          FROM gone g
+        RETURNING msg_id
+    )
+    SELECT k.msg_id FROM kept k ORDER BY k.msg_id;
+END;
+
+-- Locks and returns the claims still held under these tokens.
+CREATE FUNCTION pgqueue._held(msg_ids bigint[], claim_tokens uuid[])
+RETURNS TABLE (msg_id bigint, attempt integer, max_attempts integer)
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT m.msg_id, m.attempt, q.max_attempts
+      FROM pgqueue.messages m
+      JOIN unnest(msg_ids, claim_tokens) AS held(id, token)
+        ON m.msg_id = held.id AND m.claim_token = held.token
+      JOIN pgqueue.queues q ON q.queue = m.queue
+     WHERE m.state = 'claimed'
+     ORDER BY m.msg_id
+       FOR UPDATE OF m;
+END;
+
+CREATE FUNCTION pgqueue.pgq_ack(msg_ids bigint[], claim_tokens uuid[]) RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
+    RETURN QUERY SELECT pgqueue._to_history(
+        ARRAY(SELECT h.msg_id FROM pgqueue._held(msg_ids, claim_tokens) h), 'completed');
+END
+$$;
+
+CREATE FUNCTION pgqueue.pgq_ack(msg_id bigint, claim_token uuid) RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+RETURN EXISTS (
+    SELECT FROM pgqueue.pgq_ack(ARRAY[pgqueue._require(msg_id, 'msg_id')],
+                                ARRAY[pgqueue._require(claim_token, 'claim_token')]));
+
+-- Default retry delay after the n-th attempt: 1 s, 2 s, 4 s, ... capped at one hour.
+CREATE FUNCTION pgqueue._backoff(attempt integer) RETURNS interval
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN least(interval '1 second' * power(2, least(greatest(attempt - 1, 0), 12)), interval '1 hour');
+
+CREATE FUNCTION pgqueue.pgq_nack(
+    msg_id bigint,
+    claim_token uuid,
+    retry_in interval DEFAULT NULL,
+    error text DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    h record;
+    wait interval;
+BEGIN
+    PERFORM pgqueue._require(msg_id, 'msg_id');
+    PERFORM pgqueue._require(claim_token, 'claim_token');
+    PERFORM pgqueue._check_delay(retry_in, 'retry_in');
+    SELECT * INTO h FROM pgqueue._held(ARRAY[msg_id], ARRAY[claim_token]);
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF h.attempt >= h.max_attempts THEN
+        PERFORM pgqueue._to_history(ARRAY[msg_id], 'dead', coalesce(error, 'nacked on the last attempt'));
+        RETURN true;
+    END IF;
+    wait := coalesce(retry_in, pgqueue._backoff(h.attempt));
+    UPDATE pgqueue.messages m
+       SET state = CASE WHEN wait > interval '0' THEN 'delayed' ELSE 'ready' END,
+           visible_at = CASE WHEN wait > interval '0' THEN now() + wait END,
+           claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL, consumer = NULL,
+           last_error = coalesce(error, m.last_error)
+     WHERE m.msg_id = h.msg_id;
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION pgqueue.pgq_fail(msg_id bigint, claim_token uuid, error text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+RETURN EXISTS (
+    SELECT FROM pgqueue._to_history(
+        ARRAY(SELECT h.msg_id FROM pgqueue._held(ARRAY[pgqueue._require(msg_id, 'msg_id')],
+                                                 ARRAY[pgqueue._require(claim_token, 'claim_token')]) h),
+        'dead', coalesce(error, 'failed by the consumer')));
+
+-- Expired claims back to claimable, or to dead letter when the queue's max_attempts is
+-- used up. Rows another session holds locked are skipped (SKIP LOCKED), so many sessions
+-- can run it at once and each expired claim is re-armed exactly once. A live lease is
+-- never touched. Walks the in-flight index by msg_id; returns after max_rows. `queue`
+-- restricts it to one queue.
+CREATE FUNCTION pgqueue.pgq_rearm(max_rows integer DEFAULT 5000, queue text DEFAULT NULL)
+RETURNS TABLE (rearmed bigint, dead_lettered bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    retry bigint[];
+    exhausted bigint[];
+BEGIN
+    IF pgqueue._require(max_rows, 'max_rows') NOT BETWEEN 1 AND 1000000 THEN
+        PERFORM pgqueue._invalid('max_rows', pg_catalog.format('%s is not between 1 and 1000000', max_rows));
+    END IF;
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
+    SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt < e.max_attempts), '{}'),
+           coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt >= e.max_attempts), '{}')
+      INTO retry, exhausted
+      FROM (SELECT m.msg_id, m.attempt, q.max_attempts
+              FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
+             WHERE m.state = 'claimed' AND m.lease_expires_at <= now()
+               AND (queue IS NULL OR m.queue = queue)
+             ORDER BY m.msg_id
+             LIMIT max_rows
+               FOR UPDATE OF m SKIP LOCKED) e;
+    UPDATE pgqueue.messages m
+       SET state = 'ready', claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL,
+           consumer = NULL, last_error = 'lease expired'
+     WHERE m.msg_id = ANY (retry);
+    rearmed := cardinality(retry);
+    dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
+        exhausted, 'dead', 'lease expired on the last attempt'));
+    RETURN NEXT;
+END
+$$;
+
+-- Dead letters back to claimable with a fresh attempt count: all of the queue's, or the
+-- given ids. Returns how many came back.
+CREATE FUNCTION pgqueue.pgq_redrive(queue text, msg_ids bigint[] DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    q pgqueue.queues := pgqueue._queue(queue);
+    moved bigint;
+BEGIN
+    WITH back AS (
+        DELETE FROM pgqueue.history h
+         WHERE h.queue = q.queue AND h.outcome = 'dead'
+           AND (msg_ids IS NULL OR h.msg_id = ANY (msg_ids))
+        RETURNING h.msg_id, h.priority, h.payload, h.headers, h.enqueued_at, h.last_error
+    )
+    INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, enqueued_at, last_error)
+    OVERRIDING SYSTEM VALUE
+    SELECT b.msg_id, q.queue, 'ready', b.priority, b.payload, b.headers, b.enqueued_at, b.last_error
+      FROM back b;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved;
+END
+$$;

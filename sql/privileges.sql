@@ -1,0 +1,32 @@
+-- Privileges: nothing for PUBLIC; three roles, each with its part of the API.
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgqueue FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA pgqueue FROM PUBLIC;
+GRANT USAGE ON SCHEMA pgqueue TO pgqueue_producer, pgqueue_consumer, pgqueue_admin;
+
+GRANT EXECUTE ON FUNCTION
+    pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb),
+    pgqueue.pgq_send_batch(text, jsonb[], interval, smallint, jsonb)
+TO pgqueue_producer;
+
+GRANT EXECUTE ON FUNCTION
+    pgqueue.pgq_claim(text, integer, interval, text),
+    pgqueue.pgq_renew(bigint, uuid, interval),
+    pgqueue.pgq_renew(bigint[], uuid[], interval),
+    pgqueue.pgq_ack(bigint, uuid),
+    pgqueue.pgq_ack(bigint[], uuid[]),
+    pgqueue.pgq_nack(bigint, uuid, interval, text),
+    pgqueue.pgq_fail(bigint, uuid, text)
+TO pgqueue_consumer;
+
+GRANT pgqueue_producer, pgqueue_consumer TO pgqueue_admin;
+GRANT EXECUTE ON FUNCTION
+    pgqueue.pgq_create_queue(text, interval, integer, boolean, interval, boolean),
+    pgqueue.pgq_drop_queue(text, boolean),
+    pgqueue.pgq_pause_queue(text),
+    pgqueue.pgq_resume_queue(text),
+    pgqueue.pgq_redrive(text, bigint[]),
+    pgqueue.pgq_rearm(integer, text)
+TO pgqueue_admin;
+GRANT SELECT ON pgqueue.queue_stats TO pgqueue_admin, pg_monitor;
+
+GRANT EXECUTE ON FUNCTION pgqueue.pgq_version() TO PUBLIC;

@@ -1,0 +1,104 @@
+-- Queue management: create, drop, pause, resume.
+
+-- The history partition that holds a queue's completed and dead-lettered messages.
+CREATE FUNCTION pgqueue._history_table(queue text) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN 'history_' || queue;
+
+-- Creates the day partition of a queue's history that holds `day`, unless it exists.
+CREATE FUNCTION pgqueue._ensure_history_day(queue text, day date) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    parent text := pgqueue._history_table(queue);
+    part text := parent || '_' || pg_catalog.to_char(day, 'YYYYMMDD');
+BEGIN
+    IF pg_catalog.to_regclass(pg_catalog.format('pgqueue.%I', part)) IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE pgqueue.%I PARTITION OF pgqueue.%I FOR VALUES FROM (%L) TO (%L)',
+        part, parent, day::timestamptz, (day + 1)::timestamptz);
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION pgqueue.pgq_create_queue(
+    queue text,
+    lease interval DEFAULT '120 s',
+    max_attempts integer DEFAULT 5,
+    if_not_exists boolean DEFAULT false,
+    retention interval DEFAULT '7 days',
+    paused boolean DEFAULT false
+) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    day date;
+BEGIN
+    PERFORM pgqueue._check_queue_name(queue);
+    PERFORM pgqueue._require(lease, 'lease');
+    PERFORM pgqueue._check_lease(lease);
+    PERFORM pgqueue._require(max_attempts, 'max_attempts');
+    IF max_attempts NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgqueue._invalid('max_attempts', pg_catalog.format('%s is not between 1 and 1000', max_attempts));
+    END IF;
+    PERFORM pgqueue._require(if_not_exists, 'if_not_exists');
+    PERFORM pgqueue._require(retention, 'retention');
+    IF retention < interval '0' OR retention > interval '3650 days' THEN
+        PERFORM pgqueue._invalid('retention', pg_catalog.format('%s is not between 0 and 3650 days', retention));
+    END IF;
+    PERFORM pgqueue._require(paused, 'paused');
+
+    INSERT INTO pgqueue.queues (queue, lease, max_attempts, retention, paused)
+    VALUES (queue, lease, max_attempts, retention, paused)
+    ON CONFLICT ON CONSTRAINT queues_pkey DO NOTHING;
+    IF NOT FOUND THEN
+        IF if_not_exists THEN
+            RAISE NOTICE 'pgqueue: queue "%" already exists, skipping', queue;
+            RETURN;
+        END IF;
+        RAISE EXCEPTION 'pgqueue: queue "%" already exists', queue USING ERRCODE = 'duplicate_object';
+    END IF;
+
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE pgqueue.%I PARTITION OF pgqueue.history FOR VALUES IN (%L) PARTITION BY RANGE (finished_at)',
+        pgqueue._history_table(queue), queue);
+    -- Rows that arrive before their day's partition exists land here; never lost.
+    EXECUTE pg_catalog.format('CREATE TABLE pgqueue.%I PARTITION OF pgqueue.%I DEFAULT',
+        pgqueue._history_table(queue) || '_default', pgqueue._history_table(queue));
+    FOR day IN SELECT d::date FROM pg_catalog.generate_series(now()::date, now()::date + 2, '1 day') d LOOP
+        PERFORM pgqueue._ensure_history_day(queue, day);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION pgqueue.pgq_drop_queue(queue text, force boolean DEFAULT false) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    in_flight bigint;
+BEGIN
+    PERFORM pgqueue._require(force, 'force');
+    -- Lock the queue row: no send or claim can start on it until this commits.
+    PERFORM FROM pgqueue.queues q WHERE q.queue = (pgqueue._queue(pgq_drop_queue.queue)).queue FOR UPDATE;
+    SELECT count(*) INTO in_flight FROM pgqueue.messages m
+     WHERE m.queue = pgq_drop_queue.queue AND m.state = 'claimed';
+    IF in_flight > 0 AND NOT force THEN
+        RAISE EXCEPTION 'pgqueue: queue "%" has % claimed messages', queue, in_flight
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'Wait for the consumers to finish, or pass force => true.';
+    END IF;
+    DELETE FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue;  -- cascades to messages
+    EXECUTE pg_catalog.format('DROP TABLE pgqueue.%I', pgqueue._history_table(queue));
+END
+$$;
+
+CREATE FUNCTION pgqueue.pgq_pause_queue(queue text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    UPDATE pgqueue.queues q SET paused = true WHERE q.queue = (pgqueue._queue(pgq_pause_queue.queue)).queue;
+END;
+
+CREATE FUNCTION pgqueue.pgq_resume_queue(queue text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    UPDATE pgqueue.queues q SET paused = false WHERE q.queue = (pgqueue._queue(pgq_resume_queue.queue)).queue;
+END;
