@@ -55,6 +55,32 @@ for _ in $(seq 1 50); do
 done
 "${psql_cmd[@]}" -c "SELECT pid, started_at::time(0), last_tick_at::time(0), ticks, tick_interval_ms FROM pgqueue.worker_state"
 
+say "a producer and a consumer"
+"${psql_cmd[@]}" <<'SQL'
+\set QUIET on
+SELECT pgqueue.pgq_create_queue('demo', lease => '2 s', max_attempts => 3);
+SELECT pgqueue.pgq_send_batch('demo', ARRAY['{"job": 1}', '{"job": 2}', '{"job": 3}', '{"job": 4}']::jsonb[]);
+SELECT pgqueue.pgq_send('demo', '{"job": "urgent"}', priority => 10::smallint);
+SELECT pgqueue.pgq_send('demo', '{"job": "later"}', delay => '1 hour');
+\set QUIET off
+\echo '-- producer: 6 messages sent (one urgent, one delayed by an hour)'
+SELECT queue, ready, delayed, claimed FROM pgqueue.queue_stats;
+\echo '-- consumer: claims 3 (urgent first), acks two, nacks one for a retry'
+CREATE TEMP TABLE held AS SELECT * FROM pgqueue.pgq_claim('demo', qty => 3, consumer => 'demo-consumer');
+SELECT msg_id, attempt, priority, payload, lease_expires_at::time(0) FROM held;
+SELECT pgqueue.pgq_ack(msg_id, claim_token) AS acked FROM held ORDER BY priority DESC, msg_id LIMIT 2;
+SELECT pgqueue.pgq_nack(msg_id, claim_token, retry_in => '0 s', error => 'demo retry') AS nacked
+  FROM held ORDER BY priority DESC, msg_id OFFSET 2;
+\echo '-- a consumer that crashes: it claims with a 2 s lease and never comes back'
+SELECT msg_id, claim_token, lease_expires_at::time(0) FROM pgqueue.pgq_claim('demo', lease => '2 s', consumer => 'crashing-consumer');
+SELECT pg_sleep(2.5);
+SELECT queue, ready, claimed, expired_claims, oldest_expired_claim_age FROM pgqueue.queue_stats;
+\echo '-- re-arming the expired claim makes the message claimable again, with its attempt counted'
+SELECT * FROM pgqueue.pgq_rearm();
+SELECT msg_id, state, attempt, last_error FROM pgqueue.messages ORDER BY msg_id;
+SELECT queue, ready, delayed, claimed, expired_claims, dead FROM pgqueue.queue_stats;
+SQL
+
 say "pgqueue is running"
 cat <<TXT
   connect:  sudo -u postgres $bindir/psql -h $datadir -p $port postgres

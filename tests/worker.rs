@@ -36,6 +36,12 @@ fn ticks_beyond(client: &mut Client, pid: i32, ticks: i64) -> (i32, i64, i32) {
     })
 }
 
+/// ALTER SYSTEM (which refuses to run in a transaction block), then SIGHUP everyone.
+fn reload(client: &mut Client, alter_system: &str) {
+    client.batch_execute(alter_system).unwrap();
+    client.batch_execute("SELECT pg_reload_conf()").unwrap();
+}
+
 // One test walks the worker's whole life so the steps cannot interfere with each other.
 #[test]
 fn worker_lifecycle() {
@@ -56,16 +62,15 @@ fn worker_lifecycle() {
     ticks_beyond(&mut client, pid, ticks);
 
     // 2. SIGHUP: a reloaded tick interval is what the worker uses from then on.
-    client
-        .batch_execute("ALTER SYSTEM SET pgqueue.tick_interval = '150ms'; SELECT pg_reload_conf()")
-        .unwrap();
+    reload(
+        &mut client,
+        "ALTER SYSTEM SET pgqueue.tick_interval = '150ms'",
+    );
     let (_, _, interval) = wait_for("the reloaded interval", LIMIT, || {
         state(&mut client).filter(|&(p, _, i)| p == pid && i == 150)
     });
     assert_eq!(interval, 150);
-    client
-        .batch_execute("ALTER SYSTEM RESET pgqueue.tick_interval; SELECT pg_reload_conf()")
-        .unwrap();
+    reload(&mut client, "ALTER SYSTEM SET pgqueue.tick_interval = '100ms'");
     wait_for("the interval reset", LIMIT, || {
         state(&mut client).filter(|&(_, _, i)| i == 100)
     });
