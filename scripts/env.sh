@@ -1,6 +1,7 @@
 # Shared settings for pgqueue's scripts. Caches live outside the clone so a fresh
-# clone on the same machine reuses them.
-export PGQUEUE_CACHE="${PGQUEUE_CACHE:-$HOME/.cache/pgqueue}"
+# clone on the same machine reuses them, and outside $HOME because the postgres user
+# must be able to run the PostgreSQL builds kept there.
+export PGQUEUE_CACHE="${PGQUEUE_CACHE:-/var/cache/pgqueue}"
 export PGRX_VERSION=0.18.1
 export PGRX_HOME="${PGRX_HOME:-$HOME/.pgrx}"
 export PG15_CONFIG=/usr/lib/postgresql/15/bin/pg_config
