@@ -70,7 +70,10 @@ fn worker_lifecycle() {
         state(&mut client).filter(|&(p, _, i)| p == pid && i == 150)
     });
     assert_eq!(interval, 150);
-    reload(&mut client, "ALTER SYSTEM SET pgqueue.tick_interval = '100ms'");
+    reload(
+        &mut client,
+        "ALTER SYSTEM SET pgqueue.tick_interval = '100ms'",
+    );
     wait_for("the interval reset", LIMIT, || {
         state(&mut client).filter(|&(_, _, i)| i == 100)
     });
