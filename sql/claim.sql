@@ -28,7 +28,8 @@ CREATE FUNCTION pgqueue.pgq_claim(
     queue text,
     qty integer DEFAULT 1,
     lease interval DEFAULT NULL,
-    consumer text DEFAULT NULL
+    consumer text DEFAULT NULL,
+    session_bound boolean DEFAULT false
 ) RETURNS TABLE (
     msg_id bigint,
     claim_token uuid,
@@ -44,9 +45,15 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     q pgqueue.queues := pgqueue._queue(pgq_claim.queue);
     granted interval := coalesce(pgqueue._check_lease(pgq_claim.lease), q.lease);
+    bound_pid integer;
+    bound_start timestamptz;
 BEGIN
     IF pgqueue._require(pgq_claim.qty, 'qty') NOT BETWEEN 1 AND 1000 THEN
         PERFORM pgqueue._invalid('qty', pg_catalog.format('%s is not between 1 and 1000', pgq_claim.qty));
+    END IF;
+    IF pgqueue._require(pgq_claim.session_bound, 'session_bound') THEN
+        bound_pid := pg_backend_pid();
+        SELECT a.backend_start INTO bound_start FROM pg_stat_get_activity(bound_pid) a;
     END IF;
     IF q.paused THEN
         RETURN;
@@ -62,7 +69,8 @@ BEGIN
     ), claimed AS (
         UPDATE pgqueue.messages m
            SET state = 'claimed', claim_token = gen_random_uuid(), attempt = m.attempt + 1,
-               claimed_at = now(), lease_expires_at = now() + granted, consumer = pgq_claim.consumer
+               claimed_at = now(), lease_expires_at = now() + granted, consumer = pgq_claim.consumer,
+               session_pid = bound_pid, session_started = bound_start
           FROM picked WHERE m.msg_id = picked.msg_id
         RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
                   m.enqueued_at, m.lease_expires_at

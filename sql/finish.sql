@@ -84,7 +84,7 @@ BEGIN
        SET state = CASE WHEN wait > interval '0' THEN 'delayed' ELSE 'ready' END,
            visible_at = CASE WHEN wait > interval '0' THEN now() + wait END,
            claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL, consumer = NULL,
-           last_error = coalesce(error, m.last_error)
+           session_pid = NULL, session_started = NULL, last_error = coalesce(error, m.last_error)
      WHERE m.msg_id = h.msg_id;
     RETURN true;
 END
@@ -99,43 +99,58 @@ RETURN EXISTS (
                                                  ARRAY[pgqueue._require(claim_token, 'claim_token')]) h),
         'dead', coalesce(error, 'failed by the consumer')));
 
--- Expired claims back to claimable, or to dead letter when the queue's max_attempts is
--- used up. Rows another session holds locked are skipped (SKIP LOCKED), so many sessions
--- can run it at once and each expired claim is re-armed exactly once. A live lease is
--- never touched. Walks the in-flight index by msg_id; returns after max_rows. `queue`
--- restricts it to one queue.
-CREATE FUNCTION pgqueue.pgq_rearm(max_rows integer DEFAULT 5000, queue text DEFAULT NULL)
-RETURNS TABLE (rearmed bigint, dead_lettered bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- One batch of re-arming: expired claims with msg_id > after_msg_id, in msg_id order, back
+-- to ready, or to dead letter when the queue's max_attempts is used up. Rows another session
+-- holds locked are skipped (SKIP LOCKED), so many sessions can run it at once and each
+-- expired claim is re-armed exactly once; a live lease is never touched. The cursor makes
+-- every batch an index seek past what was already swept, however large the backlog.
+-- `more` says the batch hit max_rows (more may follow after last_msg_id).
+CREATE FUNCTION pgqueue._rearm_batch(after_msg_id bigint, max_rows integer, queue text DEFAULT NULL)
+RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_msg_id bigint, more boolean)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 #variable_conflict use_variable
 DECLARE
     retry bigint[];
     exhausted bigint[];
+    seen integer;
 BEGIN
-    IF pgqueue._require(max_rows, 'max_rows') NOT BETWEEN 1 AND 1000000 THEN
-        PERFORM pgqueue._invalid('max_rows', pg_catalog.format('%s is not between 1 and 1000000', max_rows));
-    END IF;
-    IF queue IS NOT NULL THEN
-        PERFORM pgqueue._queue(queue);
-    END IF;
     SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt < e.max_attempts), '{}'),
-           coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt >= e.max_attempts), '{}')
-      INTO retry, exhausted
+           coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt >= e.max_attempts), '{}'),
+           max(e.msg_id), count(*)
+      INTO retry, exhausted, last_msg_id, seen
       FROM (SELECT m.msg_id, m.attempt, q.max_attempts
               FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
-             WHERE m.state = 'claimed' AND m.lease_expires_at <= now()
+             WHERE m.state = 'claimed' AND m.msg_id > after_msg_id AND m.lease_expires_at <= now()
                AND (queue IS NULL OR m.queue = queue)
              ORDER BY m.msg_id
              LIMIT max_rows
                FOR UPDATE OF m SKIP LOCKED) e;
     UPDATE pgqueue.messages m
        SET state = 'ready', claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL,
-           consumer = NULL, last_error = 'lease expired'
+           consumer = NULL, session_pid = NULL, session_started = NULL, last_error = 'lease expired'
      WHERE m.msg_id = ANY (retry);
     rearmed := cardinality(retry);
     dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
         exhausted, 'dead', 'lease expired on the last attempt'));
+    more := seen >= max_rows;
     RETURN NEXT;
+END
+$$;
+
+-- Expired claims back to claimable (or dead letter), at most max_rows of them; `queue`
+-- restricts it to one queue. The background worker does this by itself every tick.
+CREATE FUNCTION pgqueue.pgq_rearm(max_rows integer DEFAULT 5000, queue text DEFAULT NULL)
+RETURNS TABLE (rearmed bigint, dead_lettered bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    IF pgqueue._require(pgq_rearm.max_rows, 'max_rows') NOT BETWEEN 1 AND 1000000 THEN
+        PERFORM pgqueue._invalid('max_rows', pg_catalog.format('%s is not between 1 and 1000000', pgq_rearm.max_rows));
+    END IF;
+    IF pgq_rearm.queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(pgq_rearm.queue);
+    END IF;
+    RETURN QUERY SELECT b.rearmed, b.dead_lettered FROM pgqueue._rearm_batch(0, pgq_rearm.max_rows, pgq_rearm.queue) b;
 END
 $$;
 

@@ -9,7 +9,7 @@ GRANT EXECUTE ON FUNCTION
 TO pgqueue_producer;
 
 GRANT EXECUTE ON FUNCTION
-    pgqueue.pgq_claim(text, integer, interval, text),
+    pgqueue.pgq_claim(text, integer, interval, text, boolean),
     pgqueue.pgq_renew(bigint, uuid, interval),
     pgqueue.pgq_renew(bigint[], uuid[], interval),
     pgqueue.pgq_ack(bigint, uuid),
@@ -25,8 +25,10 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_pause_queue(text),
     pgqueue.pgq_resume_queue(text),
     pgqueue.pgq_redrive(text, bigint[]),
-    pgqueue.pgq_rearm(integer, text)
+    pgqueue.pgq_rearm(integer, text),
+    pgqueue.pgq_prune(text),
+    pgqueue.pgq_tick()
 TO pgqueue_admin;
-GRANT SELECT ON pgqueue.queue_stats TO pgqueue_admin, pg_monitor;
+GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats TO pgqueue_admin, pg_monitor;
 
 GRANT EXECUTE ON FUNCTION pgqueue.pgq_version() TO PUBLIC;

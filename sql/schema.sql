@@ -43,6 +43,9 @@ CREATE TABLE pgqueue.messages (
     consumer         text,
     lease_expires_at timestamptz,  -- deliberately in no index: renewals stay HOT
     last_error       text,
+    session_pid      integer,      -- session-bound claims: the claiming backend ...
+    session_started  timestamptz,  -- ... and its start time (pids are reused)
+    CONSTRAINT messages_session_only_when_claimed CHECK (session_pid IS NULL OR state = 'claimed'),
     CONSTRAINT messages_delayed_has_due_time CHECK ((state = 'delayed') = (visible_at IS NOT NULL)),
     CONSTRAINT messages_claimed_has_lease
         CHECK ((state = 'claimed') = (claim_token IS NOT NULL AND lease_expires_at IS NOT NULL))
@@ -57,6 +60,11 @@ CREATE INDEX messages_delayed_idx ON pgqueue.messages (queue, visible_at)
 -- In-flight rows, for re-arming expired claims (the lease itself is not indexed).
 CREATE INDEX messages_claimed_idx ON pgqueue.messages (msg_id)
     WHERE state = 'claimed';
+
+-- Session-bound claims, so the worker finds those whose backend has gone without
+-- scanning every claim.
+CREATE INDEX messages_session_idx ON pgqueue.messages (session_pid)
+    WHERE state = 'claimed' AND session_pid IS NOT NULL;
 
 -- Completed and dead-lettered messages, kept for each queue's retention. Partitioned by
 -- queue, then by day of finished_at, so pruning drops whole partitions instead of
@@ -80,14 +88,45 @@ CREATE INDEX history_dead_idx ON pgqueue.history (queue, msg_id) WHERE outcome =
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.queues', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages', '');
 
--- One row: what the background worker last did in this database. The worker updates it
--- every tick, so it doubles as a liveness signal anyone can read.
+-- Prune backoff: queues whose pruning was blocked or skipped repeatedly wait a while.
+CREATE TABLE pgqueue.prune_state (
+    queue       text PRIMARY KEY REFERENCES pgqueue.queues ON DELETE CASCADE,
+    failures    integer NOT NULL,
+    retry_after timestamptz NOT NULL
+);
+
+-- One row: what the background worker (or pgq_tick) has done in this database. Written at
+-- the end of every tick, so it doubles as a liveness signal; the counters only grow (they
+-- survive restarts of the worker and of the server).
 CREATE TABLE pgqueue.worker_state (
-    singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    pid              integer,
-    started_at       timestamptz,
-    last_tick_at     timestamptz,
-    ticks            bigint NOT NULL DEFAULT 0,
-    tick_interval_ms integer
+    singleton            boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    pid                  integer,
+    started_at           timestamptz,
+    last_tick_at         timestamptz,
+    last_prune_at        timestamptz,
+    tick_interval_ms     integer,
+    ticks                bigint NOT NULL DEFAULT 0,
+    tick_failures        bigint NOT NULL DEFAULT 0,
+    promote_failures     bigint NOT NULL DEFAULT 0,
+    orphan_failures      bigint NOT NULL DEFAULT 0,
+    rearm_failures       bigint NOT NULL DEFAULT 0,
+    partition_failures   bigint NOT NULL DEFAULT 0,
+    prune_failures       bigint NOT NULL DEFAULT 0,
+    promoted             bigint NOT NULL DEFAULT 0,
+    orphans_expired      bigint NOT NULL DEFAULT 0,
+    rearmed              bigint NOT NULL DEFAULT 0,
+    dead_lettered        bigint NOT NULL DEFAULT 0,
+    rescue_batches       bigint NOT NULL DEFAULT 0,
+    rescue_rows          bigint NOT NULL DEFAULT 0,
+    partitions_created   bigint NOT NULL DEFAULT 0,
+    prune_pruned         bigint NOT NULL DEFAULT 0,
+    prune_noop           bigint NOT NULL DEFAULT 0,
+    prune_blocked        bigint NOT NULL DEFAULT 0,
+    prune_skipped_active bigint NOT NULL DEFAULT 0,
+    prune_backed_off     bigint NOT NULL DEFAULT 0,
+    prune_error          bigint NOT NULL DEFAULT 0,
+    pruned_rows          bigint NOT NULL DEFAULT 0,
+    last_error           text,
+    last_error_at        timestamptz
 );
 INSERT INTO pgqueue.worker_state DEFAULT VALUES;

@@ -20,3 +20,16 @@ SELECT q.queue,
                   AS oldest_expired_lease
          FROM pgqueue.messages m
         WHERE m.queue = q.queue) c;
+
+-- The worker's counters in this database (monotonic; see the README for what to alert on).
+CREATE VIEW pgqueue.worker_stats AS
+SELECT current_database() AS database,
+       w.pid, w.started_at, w.last_tick_at, now() - w.last_tick_at AS since_last_tick,
+       w.last_prune_at, w.tick_interval_ms,
+       w.ticks, w.tick_failures, w.promote_failures, w.orphan_failures, w.rearm_failures,
+       w.partition_failures, w.prune_failures,
+       w.promoted, w.orphans_expired, w.rearmed, w.dead_lettered, w.rescue_batches, w.rescue_rows,
+       w.partitions_created, w.prune_pruned, w.prune_noop, w.prune_blocked,
+       w.prune_skipped_active, w.prune_backed_off, w.prune_error, w.pruned_rows,
+       w.last_error, w.last_error_at
+  FROM pgqueue.worker_state w;

@@ -1,40 +1,105 @@
-//! Every `pgqueue.*` setting, registered in one place.
+//! Every `pgqueue.*` setting, registered in one place (README: "Settings").
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::time::Duration;
 
-/// Database the worker connects to (until the per-database launcher lands).
-pub static DATABASE: GucSetting<Option<std::ffi::CString>> =
-    GucSetting::<Option<std::ffi::CString>>::new(Some(c"postgres"));
-
-/// Largest payload (jsonb size in bytes) pgq_send accepts.
+pub static DATABASE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static TICK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+pub static PRUNE_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
+pub static RESCUE_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(500);
+pub static RESCUE_PASS_BUDGET_MS: GucSetting<i32> = GucSetting::<i32>::new(500);
+pub static RESCUE_PASS_MAX_ROWS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
+pub static PRUNE_LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10);
 pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
-/// Milliseconds between two ticks of the worker.
-pub static TICK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+fn int(
+    name: &'static CStr,
+    short: &'static CStr,
+    long: &'static CStr,
+    setting: &'static GucSetting<i32>,
+    range: (i32, i32),
+    context: GucContext,
+    flags: GucFlags,
+) {
+    GucRegistry::define_int_guc(name, short, long, setting, range.0, range.1, context, flags);
+}
 
 pub fn init() {
-    GucRegistry::define_int_guc(
+    use GucContext::{Sighup, Suset, Userset};
+    int(
         c"pgqueue.tick_interval",
         c"Time between two ticks of the pgqueue background worker.",
-        c"Each tick re-arms expired claims and does the other housekeeping. Reloadable.",
+        c"Each tick promotes due delayed messages, re-arms expired claims and, when due, prunes.",
         &TICK_INTERVAL_MS,
-        10,
-        3_600_000,
-        GucContext::Sighup,
+        (10, 3_600_000),
+        Sighup,
         GucFlags::UNIT_MS,
     );
-    GucRegistry::define_int_guc(
+    int(
+        c"pgqueue.prune_interval",
+        c"Time between two prunes of the queues' history by the worker.",
+        c"",
+        &PRUNE_INTERVAL_S,
+        (1, 86_400),
+        Sighup,
+        GucFlags::UNIT_S,
+    );
+    int(
+        c"pgqueue.rescue_batch_size",
+        c"Expired claims re-armed per transaction.",
+        c"",
+        &RESCUE_BATCH_SIZE,
+        (1, 100_000),
+        Sighup,
+        GucFlags::default(),
+    );
+    int(
+        c"pgqueue.rescue_pass_budget",
+        c"Longest time one re-arm pass may run (at most half the tick interval).",
+        c"",
+        &RESCUE_PASS_BUDGET_MS,
+        (1, 3_600_000),
+        Sighup,
+        GucFlags::UNIT_MS,
+    );
+    int(
+        c"pgqueue.rescue_pass_max_rows",
+        c"Most expired claims one re-arm pass re-arms.",
+        c"",
+        &RESCUE_PASS_MAX_ROWS,
+        (1, i32::MAX),
+        Sighup,
+        GucFlags::default(),
+    );
+    int(
+        c"pgqueue.prune_lock_timeout",
+        c"Longest wait for a lock when pruning or adding history partitions.",
+        c"A lock not granted in time gives the outcome 'blocked'; it is never waited for longer.",
+        &PRUNE_LOCK_TIMEOUT_MS,
+        (1, 60_000),
+        Userset,
+        GucFlags::UNIT_MS,
+    );
+    int(
         c"pgqueue.max_payload_bytes",
         c"Largest message payload pgqueue accepts, in bytes (jsonb size).",
         c"Larger payloads are rejected with SQLSTATE 54000.",
         &MAX_PAYLOAD_BYTES,
-        1,
-        i32::MAX,
-        GucContext::Suset,
+        (1, i32::MAX),
+        Suset,
         GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_bool_guc(
+        c"pgqueue.enabled",
+        c"Whether the pgqueue background worker does its work.",
+        c"Off: the worker idles; pgq_tick() still works.",
+        &ENABLED,
+        Sighup,
+        GucFlags::default(),
     );
     // SAFETY: read of a postmaster global during library load.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
@@ -51,8 +116,21 @@ pub fn init() {
     unsafe { pg_sys::MarkGUCPrefixReserved(c"pgqueue".as_ptr()) };
 }
 
+fn ms(setting: &GucSetting<i32>) -> Duration {
+    Duration::from_millis(setting.get().max(1) as u64)
+}
+
 pub fn tick_interval() -> Duration {
-    Duration::from_millis(TICK_INTERVAL_MS.get().max(1) as u64)
+    ms(&TICK_INTERVAL_MS)
+}
+
+pub fn prune_interval() -> Duration {
+    Duration::from_secs(PRUNE_INTERVAL_S.get().max(1) as u64)
+}
+
+/// The re-arm pass's time budget: the setting, but never more than half a tick.
+pub fn rescue_pass_budget() -> Duration {
+    ms(&RESCUE_PASS_BUDGET_MS).min(tick_interval() / 2)
 }
 
 pub fn database() -> String {
@@ -65,8 +143,14 @@ pub fn database() -> String {
 }
 
 /// The payload limit in force, for the SQL API (calling it also loads the library, and so
-/// registers the setting, in sessions that did not preload it).
+/// registers the settings, in sessions that did not preload it).
 #[pgrx::pg_extern(stable, parallel_safe)]
 fn _max_payload_bytes() -> i32 {
     MAX_PAYLOAD_BYTES.get()
+}
+
+/// The prune lock timeout in force, in milliseconds (never zero: the setting's minimum is 1).
+#[pgrx::pg_extern(stable, parallel_safe)]
+fn _prune_lock_timeout() -> i32 {
+    PRUNE_LOCK_TIMEOUT_MS.get()
 }

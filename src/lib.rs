@@ -7,6 +7,7 @@ use pgrx::prelude::*;
 
 mod guc;
 mod schema;
+mod tick;
 mod worker;
 
 ::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.1.0");
@@ -66,6 +67,10 @@ mod tests {
             "SELECT context FROM pg_settings WHERE name = 'pgqueue.database'",
         );
         assert_eq!(ctx, Ok(Some("postmaster".into())));
+        let setting = Spi::get_one::<String>(
+            "SELECT setting FROM pg_settings WHERE name = 'pgqueue.prune_lock_timeout'",
+        );
+        assert_eq!(setting, Ok(Some("10".into())));
     }
 }
 
@@ -81,6 +86,7 @@ pub mod pg_test {
             "shared_preload_libraries = 'pgqueue'",
             "pgqueue.database = 'pgrx_tests'",
             "pgqueue.tick_interval = '100ms'",
+            "pgqueue.prune_interval = '1s'",
         ]
     }
 }

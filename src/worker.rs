@@ -1,12 +1,11 @@
-//! The background worker: wakes every `pgqueue.tick_interval` and runs the tick's steps,
-//! each in its own transaction, so one failing step never stops the others or the worker.
+//! The background worker process: wakes every `pgqueue.tick_interval` and runs a tick
+//! (see `tick.rs`), sooner while an expired-claim backlog remains.
 
 use crate::guc;
+use crate::tick::{self, Bracket, Plan};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
-use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
-use std::panic::{RefUnwindSafe, UnwindSafe};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const WORKER_TYPE: &str = "pgqueue worker";
 
@@ -31,19 +30,41 @@ pub extern "C-unwind" fn pgqueue_worker_main(_arg: pg_sys::Datum) {
     // postmaster restarts it after the restart time, so the worker keeps trying.
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
     log!("pgqueue worker started in database \"{database}\"");
+    // No step may hang the worker on a lock: it fails (is counted) and is retried next tick.
+    let _ = tick::in_transaction(|| {
+        Spi::run("SELECT pg_catalog.set_config('lock_timeout', '5s', false)")
+    });
 
-    let mut started = false;
+    let mut first = true;
+    let mut cursor = 0;
+    let mut last_full: Option<Instant> = None;
     loop {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background process to reload its settings.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        // A standby cannot write; its worker waits for promotion.
+        let interval = guc::tick_interval();
+        let mut wait = interval;
+        // A standby cannot write: the worker waits for promotion. Nothing to do either
+        // while the extension is not installed (it may be created at any time).
         // SAFETY: reads shared memory state, callable any time after connecting.
-        if !unsafe { pg_sys::RecoveryInProgress() } {
-            started |= tick(!started);
+        if guc::ENABLED.get() && !unsafe { pg_sys::RecoveryInProgress() } && extension_installed() {
+            let all_steps = last_full.is_none_or(|at| at.elapsed() >= interval);
+            if all_steps {
+                last_full = Some(Instant::now());
+            }
+            let out = tick::run(Bracket::Transaction, Plan { all_steps, first }, &mut cursor);
+            first = false;
+            let until_next =
+                interval.saturating_sub(last_full.map_or(Duration::ZERO, |at| at.elapsed()));
+            // A backlog of expired claims: come straight back for another re-arm pass.
+            wait = if out.backlog {
+                Duration::ZERO
+            } else {
+                until_next
+            };
         }
-        if !BackgroundWorker::wait_latch(Some(guc::tick_interval())) {
+        if !BackgroundWorker::wait_latch(Some(wait)) {
             break;
         }
     }
@@ -54,69 +75,11 @@ pub extern "C-unwind" fn pgqueue_worker_main(_arg: pg_sys::Datum) {
     unsafe { pg_sys::proc_exit(1) };
 }
 
-/// One tick. Returns whether the extension was present (its state row was written).
-fn tick(first: bool) -> bool {
-    in_transaction("heartbeat", || {
-        if !extension_exists() {
-            return false;
-        }
-        let started_at = if first { "now()" } else { "started_at" };
-        Spi::run_with_args(
-            &format!(
-                "UPDATE pgqueue.worker_state
-                    SET pid = pg_backend_pid(), started_at = {started_at}, last_tick_at = now(),
-                        ticks = ticks + 1, tick_interval_ms = $1"
-            ),
-            &[guc::TICK_INTERVAL_MS.get().into()],
-        )
-        .map(|_| true)
-        .unwrap_or_else(|e| error!("{e}"))
+/// Whether `pgqueue` is installed in this database.
+fn extension_installed() -> bool {
+    // SAFETY: catalog lookup inside a transaction; missing_ok = true never raises.
+    tick::in_transaction(|| unsafe {
+        pg_sys::get_extension_oid(c"pgqueue".as_ptr(), true) != pg_sys::InvalidOid
     })
     .unwrap_or(false)
-}
-
-/// Whether `pgqueue` is installed in this database (it may be created or dropped at any
-/// time; the worker keeps running either way).
-fn extension_exists() -> bool {
-    // SAFETY: catalog lookup inside a transaction; missing_ok = true never raises.
-    unsafe { pg_sys::get_extension_oid(c"pgqueue".as_ptr(), true) != pg_sys::InvalidOid }
-}
-
-/// Runs `body` in its own transaction. An error is logged and the transaction rolled
-/// back; the worker carries on with `None`.
-fn in_transaction<R>(
-    step: &str,
-    body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe,
-) -> Option<R> {
-    // SAFETY: the standard transaction bracket for a background worker.
-    unsafe {
-        pg_sys::SetCurrentStatementStartTimestamp();
-        pg_sys::StartTransactionCommand();
-        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
-    }
-    let mut body = Some(body);
-    PgTryBuilder::new(move || {
-        let result = (body.take().expect("runs once"))();
-        // SAFETY: closes the bracket opened above; a failing commit lands in the catch.
-        unsafe {
-            pg_sys::PopActiveSnapshot();
-            pg_sys::CommitTransactionCommand();
-        }
-        Some(result)
-    })
-    .catch_others(|error| {
-        report_failure(step, &error);
-        // SAFETY: without this the next StartTransactionCommand fails on a dangling state.
-        unsafe { pg_sys::AbortCurrentTransaction() };
-        None
-    })
-    .execute()
-}
-
-fn report_failure(step: &str, error: &CaughtError) {
-    let message = match error {
-        CaughtError::PostgresError(e) | CaughtError::ErrorReport(e) => e.message().to_string(),
-        CaughtError::RustPanic { ereport, .. } => ereport.message().to_string(),
-    };
-    warning!("pgqueue worker: step \"{step}\" failed: {message}");
 }

@@ -3,10 +3,41 @@
 
 mod common;
 
-use common::{Client, connect, wait_for};
+use common::{Client, connect, unique_queue, wait_for};
+use std::sync::Mutex;
 use std::time::Duration;
+use uuid::Uuid;
 
 const LIMIT: Duration = Duration::from_secs(30);
+
+/// One test drops the extension: the tests of this binary take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn stat(c: &mut Client, column: &str) -> i64 {
+    c.query_one(&format!("SELECT {column} FROM pgqueue.worker_stats"), &[])
+        .unwrap()
+        .get(0)
+}
+
+fn state_of(c: &mut Client, id: i64) -> Option<String> {
+    c.query_opt(
+        "SELECT state FROM pgqueue.messages WHERE msg_id = $1",
+        &[&id],
+    )
+    .unwrap()
+    .map(|r| r.get(0))
+}
+
+fn new_queue(c: &mut Client) -> String {
+    let q = unique_queue("w");
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q])
+        .unwrap();
+    q
+}
 
 /// (pid, ticks, tick_interval_ms) from the row the worker updates every tick.
 fn state(client: &mut Client) -> Option<(i32, i64, i32)> {
@@ -45,6 +76,7 @@ fn reload(client: &mut Client, alter_system: &str) {
 // One test walks the worker's whole life so the steps cannot interfere with each other.
 #[test]
 fn worker_lifecycle() {
+    let _serial = serial();
     let mut client = connect();
 
     // 1. It runs in the test database and commits its heartbeat, again and again.
@@ -92,7 +124,8 @@ fn worker_lifecycle() {
     });
     ticks_beyond(&mut client, pid, ticks);
 
-    // 4. SIGTERM ends it promptly; being killed is not final, the postmaster restarts it.
+    // 4. SIGTERM ends it promptly (and its counters outlive it); being killed is not final, the postmaster restarts it.
+    let ticks_before = stat(&mut client, "ticks");
     let terminated: bool = client
         .query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid])
         .unwrap()
@@ -105,4 +138,243 @@ fn worker_lifecycle() {
         state(&mut client).filter(|&(p, ..)| p == new_pid)
     });
     ticks_beyond(&mut client, new_pid, ticks);
+    assert!(ticks > ticks_before, "counters are not reset by a restart");
+}
+
+#[test]
+fn the_worker_rearms_an_expired_claim_by_itself() {
+    let _serial = serial();
+    let mut c = connect();
+    let q = new_queue(&mut c);
+    let id: i64 = c
+        .query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q])
+        .unwrap()
+        .get(0);
+    c.execute(
+        "SELECT * FROM pgqueue.pgq_claim($1, lease => '200 ms')",
+        &[&q],
+    )
+    .unwrap();
+    let rearmed = stat(&mut c, "rearmed");
+    // Nobody calls anything: the worker re-arms it.
+    wait_for("the worker to re-arm the claim", LIMIT, || {
+        (state_of(&mut c, id).as_deref() == Some("ready")).then_some(())
+    });
+    assert!(stat(&mut c, "rearmed") > rearmed);
+    // And a delayed message is promoted in bulk by the worker too.
+    let later: i64 = c
+        .query_one(
+            "SELECT pgqueue.pgq_send($1, '{}', delay => '200 ms')",
+            &[&q],
+        )
+        .unwrap()
+        .get(0);
+    wait_for("the worker to promote a due message", LIMIT, || {
+        (state_of(&mut c, later).as_deref() == Some("ready")).then_some(())
+    });
+}
+
+#[test]
+fn a_hundred_thousand_abandoned_claims_drain_in_bounded_passes_while_live_work_flows() {
+    const ABANDONED: i64 = 100_000;
+    let _serial = serial();
+    let mut c = connect();
+    let dead_fleet = new_queue(&mut c);
+    let live = new_queue(&mut c);
+    // The abandoned claims: claimed with a long lease, then aged past it in one statement
+    // (as if the fleet died an hour ago), so none expires before all are claimed.
+    c.execute(
+        "SELECT pgqueue.pgq_send_batch($1, array_agg(jsonb_build_object('i', g))) FROM generate_series(1, 10000) g, generate_series(1, 10) r GROUP BY r",
+        &[&dead_fleet],
+    )
+    .unwrap();
+    loop {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pgqueue.pgq_claim($1, 1000, '1 hour')",
+                &[&dead_fleet],
+            )
+            .unwrap()
+            .get(0);
+        if n == 0 {
+            break;
+        }
+    }
+    let (rows0, batches0) = (stat(&mut c, "rescue_rows"), stat(&mut c, "rescue_batches"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let consumer = {
+        let (live, stop) = (live.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut c = connect();
+            let mut done = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&live])
+                    .unwrap();
+                let row = c
+                    .query_one(
+                        "SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1)",
+                        &[&live],
+                    )
+                    .unwrap();
+                let (id, token): (i64, Uuid) = (row.get(0), row.get(1));
+                let ok: bool = c
+                    .query_one(
+                        "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)",
+                        &[&id, &token],
+                    )
+                    .unwrap()
+                    .get(0);
+                assert!(ok);
+                done += 1;
+            }
+            done
+        })
+    };
+    c.execute(
+        "UPDATE pgqueue.messages SET lease_expires_at = now() - interval '1 hour' WHERE queue = $1",
+        &[&dead_fleet],
+    )
+    .unwrap();
+    let live_during_drain = {
+        wait_for("the backlog to drain", Duration::from_secs(300), || {
+            let left: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pgqueue.messages WHERE queue = $1 AND state = 'claimed'",
+                    &[&dead_fleet],
+                )
+                .unwrap()
+                .get(0);
+            (left == 0).then_some(())
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        consumer.join().unwrap()
+    };
+    let row = c
+        .query_one(
+            "SELECT count(*) FILTER (WHERE state = 'ready' AND attempt = 1 AND last_error = 'lease expired'), count(*)
+               FROM pgqueue.messages WHERE queue = $1",
+            &[&dead_fleet],
+        )
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+        (ABANDONED, ABANDONED),
+        "every one claimable again"
+    );
+    let (rows, batches) = (
+        stat(&mut c, "rescue_rows") - rows0,
+        stat(&mut c, "rescue_batches") - batches0,
+    );
+    assert_eq!(
+        rows, ABANDONED,
+        "each abandoned claim re-armed exactly once"
+    );
+    assert!(
+        batches >= ABANDONED / 500,
+        "bounded batches of 500: {batches}"
+    );
+    assert!(
+        live_during_drain > 0,
+        "live claims kept flowing during the drain"
+    );
+}
+
+#[test]
+fn a_failing_step_is_counted_and_the_others_still_run() {
+    let _serial = serial();
+    let mut c = connect();
+    let q = new_queue(&mut c);
+    let failures = stat(&mut c, "prune_failures");
+    let pid = stat(&mut c, "pid::bigint");
+    // Break the prune step: its bookkeeping table disappears.
+    c.batch_execute("ALTER TABLE pgqueue.prune_state RENAME TO prune_state_gone")
+        .unwrap();
+    wait_for("a counted prune failure", LIMIT, || {
+        (stat(&mut c, "prune_failures") > failures).then_some(())
+    });
+    let error: String = c
+        .query_one("SELECT last_error FROM pgqueue.worker_stats", &[])
+        .unwrap()
+        .get(0);
+    assert!(
+        error.starts_with("prune:"),
+        "last_error names the step: {error}"
+    );
+    // Meanwhile the re-arm step still works, tick after tick.
+    let id: i64 = c
+        .query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q])
+        .unwrap()
+        .get(0);
+    c.execute(
+        "SELECT * FROM pgqueue.pgq_claim($1, lease => '100 ms')",
+        &[&q],
+    )
+    .unwrap();
+    wait_for("a re-arm despite the failing prune", LIMIT, || {
+        (state_of(&mut c, id).as_deref() == Some("ready")).then_some(())
+    });
+    c.batch_execute("ALTER TABLE pgqueue.prune_state_gone RENAME TO prune_state")
+        .unwrap();
+    assert_eq!(
+        stat(&mut c, "pid::bigint"),
+        pid,
+        "the same worker process carried on"
+    );
+}
+
+#[test]
+fn a_session_bound_claim_comes_back_when_its_backend_dies() {
+    let _serial = serial();
+    let mut c = connect();
+    let q = new_queue(&mut c);
+    let bound: i64 = c
+        .query_one("SELECT pgqueue.pgq_send($1, '{\"bound\": true}')", &[&q])
+        .unwrap()
+        .get(0);
+    let plain: i64 = c
+        .query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q])
+        .unwrap()
+        .get(0);
+    let mut consumer = connect();
+    let got: i64 = consumer
+        .query_one(
+            "SELECT msg_id FROM pgqueue.pgq_claim($1, lease => '1 hour', session_bound => true)",
+            &[&q],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(got, bound);
+    consumer
+        .query_one(
+            "SELECT msg_id FROM pgqueue.pgq_claim($1, lease => '1 hour')",
+            &[&q],
+        )
+        .unwrap();
+    let consumer_pid: i32 = consumer
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    // While the consumer lives, its claim stays.
+    let ticks = stat(&mut c, "ticks");
+    wait_for("two ticks", LIMIT, || {
+        (stat(&mut c, "ticks") >= ticks + 2).then_some(())
+    });
+    assert_eq!(state_of(&mut c, bound).as_deref(), Some("claimed"));
+
+    let ok: bool = c
+        .query_one("SELECT pg_terminate_backend($1, 5000)", &[&consumer_pid])
+        .unwrap()
+        .get(0);
+    assert!(ok);
+    let ticks = stat(&mut c, "ticks");
+    wait_for("the session-bound claim back", LIMIT, || {
+        (state_of(&mut c, bound).as_deref() == Some("ready")).then_some(())
+    });
+    let took = stat(&mut c, "ticks") - ticks;
+    assert!(took <= 3, "claimable again within two ticks (took {took})");
+    assert_eq!(
+        state_of(&mut c, plain).as_deref(),
+        Some("claimed"),
+        "a plain claim waits for its lease"
+    );
 }

@@ -12,13 +12,46 @@ pub use postgres::Client;
 /// Starts (once per test binary) the test cluster with the worker preloaded, and returns a
 /// fresh connection to the test database.
 pub fn connect() -> Client {
+    start_cluster();
+    pgrx_tests::client().expect("connect to the test cluster").0
+}
+
+fn start_cluster() {
     pgrx_tests::run_test(
         "test_extension_installed",
         None,
         pgqueue::pg_test::postgresql_conf_options(),
     )
     .expect("test cluster starts");
-    pgrx_tests::client().expect("connect to the test cluster").0
+}
+
+/// Turns the background worker off in this test binary's cluster (for tests that count
+/// re-arms themselves), once, and waits until it has stopped ticking.
+pub fn disable_worker() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut c = connect();
+        c.batch_execute("ALTER SYSTEM SET pgqueue.enabled = off")
+            .unwrap();
+        c.batch_execute("SELECT pg_reload_conf()").unwrap();
+        let ticks = |c: &mut Client| -> i64 {
+            c.query_one("SELECT ticks FROM pgqueue.worker_state", &[])
+                .unwrap()
+                .get(0)
+        };
+        let mut last = ticks(&mut c);
+        wait_for(
+            "the worker to stop ticking",
+            Duration::from_secs(30),
+            || {
+                std::thread::sleep(Duration::from_millis(500));
+                let now = ticks(&mut c);
+                let stopped = now == last;
+                last = now;
+                stopped.then_some(())
+            },
+        );
+    });
 }
 
 /// A connection whose server notices (e.g. auto_explain output) are collected in `sink`.

@@ -1,6 +1,7 @@
 //! Every API function's normal path and every documented error.
 
-use crate::common::{Client, connect, sqlstate, unique_queue};
+use crate::common::{Client, sqlstate, unique_queue};
+use crate::connect;
 use serde_json::json;
 use std::time::Duration;
 use uuid::Uuid;

@@ -1,7 +1,8 @@
 //! Concurrency, proven with many real connections: no double claim, no loss, re-arm
 //! exactly once, and fencing of stale claim tokens.
 
-use crate::common::{Client, connect, unique_queue};
+use crate::common::{Client, unique_queue};
+use crate::connect;
 use serde_json::json;
 use std::collections::HashSet;
 use std::sync::{Arc, Barrier, Mutex};

@@ -3,5 +3,12 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+/// These tests call pgq_rearm and count what it did: the worker stays out of the way.
+fn connect() -> common::Client {
+    common::disable_worker();
+    common::connect()
+}
+
 mod api;
 mod concurrency;
+mod maintenance;

@@ -1,14 +1,16 @@
-//! Plan shape and write shape, not time: the claim walks the partial index and touches the
-//! same number of buffers however many rows are in flight or delayed; renewals are HOT.
-//! A binary of its own, so no other test's traffic shares its table.
+//! Tests that need the cluster to themselves, one at a time, with the worker off: plan and
+//! write shape (not time: the claim walks the partial index and touches the same number of
+//! buffers however many rows are in flight or delayed; renewals are HOT), and the
+//! all-queues housekeeping (pgq_tick, prune backoff) that would disturb other tests.
 
 mod common;
 
 use common::{Client, connect, connect_with_notices, unique_queue};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-/// The two tests read table-wide counters: they must not overlap.
+/// These tests read table-wide counters or act on every queue: they must not overlap.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// What auto_explain reported for one statement run inside pgq_claim.
@@ -88,6 +90,7 @@ fn vacuum(c: &mut Client) {
 
 /// A session whose nested statements' plans arrive as notices, with `extra` settings.
 fn explaining_session(extra: &str) -> (Client, Arc<Mutex<Vec<String>>>) {
+    common::disable_worker();
     let notices = Arc::new(Mutex::new(Vec::new()));
     let mut c = connect_with_notices(notices.clone());
     c.batch_execute(&format!(
@@ -200,6 +203,7 @@ fn hot_counters(c: &mut Client) -> (i64, i64) {
 #[test]
 fn renewals_are_hot_updates() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    common::disable_worker();
     let mut c = connect();
     let q = unique_queue("hot");
     c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q])
@@ -236,4 +240,124 @@ fn renewals_are_hot_updates() {
     eprintln!("renewals: {upd} updates, {hot} HOT");
     assert!(upd >= 500, "every renewal counted: {upd}");
     assert!(hot * 100 >= upd * 95, "renewals are HOT: {hot} of {upd}");
+}
+
+/// A queue with `rows` completed messages in a day partition five days old, past its
+/// one-day retention. Returns (queue, partition).
+fn queue_with_old_history(c: &mut Client, rows: i64) -> (String, String) {
+    let q = unique_queue("prune");
+    c.execute(
+        "SELECT pgqueue.pgq_create_queue($1, retention => '1 day')",
+        &[&q],
+    )
+    .unwrap();
+    c.execute(
+        "SELECT pgqueue._ensure_history_day($1, current_date - 5)",
+        &[&q],
+    )
+    .unwrap();
+    c.execute(
+        "INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at)
+         SELECT -g, $1, 'completed', 0, 1, '{}', now() - '6 days'::interval, (current_date - 5) + interval '1 hour'
+           FROM generate_series(1, $2::bigint) g",
+        &[&q, &rows],
+    )
+    .unwrap();
+    let part: String = c
+        .query_one(
+            "SELECT format('history_%s_%s', $1::text, to_char(current_date - 5, 'YYYYMMDD'))",
+            &[&q],
+        )
+        .unwrap()
+        .get(0);
+    (q, part)
+}
+
+fn prune(c: &mut Client, q: &str) -> Vec<(String, String, i64)> {
+    c.query(
+        "SELECT target, outcome, rows FROM pgqueue.pgq_prune($1)",
+        &[&q],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
+#[test]
+fn repeatedly_blocked_pruning_backs_off() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    common::disable_worker();
+    let mut c = connect();
+    let (q, part) = queue_with_old_history(&mut c, 1);
+    let mut reader = connect();
+    reader
+        .batch_execute(&format!("BEGIN; SELECT count(*) FROM pgqueue.{part}"))
+        .unwrap();
+    // The all-queues form (the worker's) backs a queue off after three blocked attempts.
+    let outcome = |c: &mut Client| -> String {
+        c.query_one(
+            "SELECT outcome FROM pgqueue.pgq_prune() WHERE queue = $1",
+            &[&q],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let seen: Vec<String> = (0..4).map(|_| outcome(&mut c)).collect();
+    assert_eq!(seen, ["blocked", "blocked", "blocked", "backed_off"]);
+    // Naming the queue tries anyway; success clears the backoff.
+    reader.batch_execute("COMMIT").unwrap();
+    assert_eq!(prune(&mut c, &q)[0].1, "pruned");
+    assert_eq!(outcome(&mut c), "noop");
+}
+
+#[test]
+fn pgq_tick_does_a_ticks_work_in_the_calling_session() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    common::disable_worker();
+    let mut c = connect();
+    let q = unique_queue("tick");
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q])
+        .unwrap();
+    c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q])
+        .unwrap();
+    c.execute("SELECT pgqueue.pgq_send($1, '{}', delay => '50 ms')", &[&q])
+        .unwrap();
+    c.execute(
+        "SELECT * FROM pgqueue.pgq_claim($1, lease => '10 ms')",
+        &[&q],
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let before: i64 = c
+        .query_one("SELECT ticks FROM pgqueue.worker_stats", &[])
+        .unwrap()
+        .get(0);
+    let failures = c
+        .query("SELECT step, error FROM pgqueue.pgq_tick()", &[])
+        .unwrap();
+    assert!(
+        failures.is_empty(),
+        "no step failed: {:?}",
+        failures
+            .iter()
+            .map(|r| r.get::<_, String>(1))
+            .collect::<Vec<_>>()
+    );
+    let ready: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pgqueue.messages WHERE queue = $1 AND state = 'ready'",
+            &[&q],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        ready, 2,
+        "the expired claim re-armed and the due message promoted"
+    );
+    let after: i64 = c
+        .query_one("SELECT ticks FROM pgqueue.worker_stats", &[])
+        .unwrap()
+        .get(0);
+    assert!(after > before, "the tick is counted");
 }

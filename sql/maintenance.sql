@@ -1,0 +1,200 @@
+-- Housekeeping: what the background worker's tick (and pgq_tick) runs, step by step.
+-- Each function is one step; the worker runs each in its own transaction.
+
+-- Step "promote": due delayed messages of every queue become claimable, in bulk.
+CREATE FUNCTION pgqueue._promote_all(max_rows integer) RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT coalesce(sum(pgqueue._promote_due(q.queue, max_rows)), 0)::bigint FROM pgqueue.queues q;
+END;
+
+-- Step "orphans": session-bound claims whose backend has exited (same pid and start time no
+-- longer alive) get an expired lease, so the re-arm step that follows makes them claimable.
+CREATE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH alive AS MATERIALIZED (
+        SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
+    ), orphaned AS (
+        SELECT m.msg_id FROM pgqueue.messages m
+         WHERE m.state = 'claimed' AND m.session_pid IS NOT NULL AND m.lease_expires_at > now()
+           AND NOT EXISTS (SELECT FROM alive a
+                            WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
+           FOR UPDATE OF m SKIP LOCKED
+    ), expired AS (
+        UPDATE pgqueue.messages m SET lease_expires_at = now()
+          FROM orphaned o WHERE m.msg_id = o.msg_id
+        RETURNING m.msg_id
+    )
+    SELECT count(*) FROM expired;
+END;
+
+-- Step "partitions": every queue's history has day partitions for today and the next two
+-- days. Creating one locks the queue's history briefly: only under prune_lock_timeout, and a
+-- lock not granted in time is retried next tick (rows meanwhile go to the default partition).
+CREATE FUNCTION pgqueue._maintain_partitions() RETURNS bigint
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    q text;
+    day date;
+    created bigint := 0;
+    timeout text := pgqueue._prune_lock_timeout() || 'ms';
+BEGIN
+    FOR q IN SELECT queues.queue FROM pgqueue.queues ORDER BY 1 LOOP
+        FOR day IN SELECT d::date FROM generate_series(now()::date, now()::date + 2, '1 day') d LOOP
+            BEGIN
+                PERFORM set_config('lock_timeout', timeout, true);
+                IF pgqueue._ensure_history_day(q, day) THEN
+                    created := created + 1;
+                END IF;
+            EXCEPTION
+                WHEN lock_not_available THEN NULL;  -- busy: next tick
+                WHEN check_violation THEN NULL;     -- that day's rows already sit in the default partition
+            END;
+        END LOOP;
+    END LOOP;
+    RETURN created;
+END
+$$;
+
+-- Removes each queue's completed and dead-lettered messages past its retention by dropping
+-- whole day partitions (and truncating the default partition once all of it is past). Locks
+-- are only waited for up to pgqueue.prune_lock_timeout; one row per queue and partition:
+--   pruned          the partition was dropped (rows: how many it held)
+--   noop            nothing of this queue is past its retention
+--   blocked         the lock was not granted within the timeout; tried again next time
+--   skipped_active  another session is pruning this queue right now
+--   backed_off      not tried: recent attempts were blocked or skipped (all-queues form only)
+--   error           anything else went wrong (logged as a warning); other partitions go on
+CREATE TYPE pgqueue.prune_result AS (queue text, target text, outcome text, rows bigint);
+
+CREATE FUNCTION pgqueue.pgq_prune(queue text DEFAULT NULL) RETURNS SETOF pgqueue.prune_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+    r pgqueue.prune_result;
+    q pgqueue.queues;
+    part record;
+    timeout text := pgqueue._prune_lock_timeout() || 'ms';
+    cutoff timestamptz;
+    n bigint;
+    newest timestamptz;
+    setback boolean;
+BEGIN
+    IF pgq_prune.queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(pgq_prune.queue);
+    END IF;
+    FOR q IN SELECT * FROM pgqueue.queues qs
+              WHERE pgq_prune.queue IS NULL OR qs.queue = pgq_prune.queue ORDER BY qs.queue LOOP
+        r.queue := q.queue;
+        r.target := pgqueue._history_table(q.queue);
+        r.rows := 0;
+        IF pgq_prune.queue IS NULL AND EXISTS (
+            SELECT FROM pgqueue.prune_state s WHERE s.queue = q.queue AND s.retry_after > now()) THEN
+            r.outcome := 'backed_off';
+            RETURN NEXT r;
+            CONTINUE;
+        END IF;
+        IF NOT pg_try_advisory_xact_lock(hashtext('pgqueue.pgq_prune'), hashtext(q.queue)) THEN
+            r.outcome := 'skipped_active';
+            setback := true;
+            RETURN NEXT r;
+        ELSE
+            setback := false;
+            cutoff := now() - q.retention;
+            r.outcome := 'noop';
+            FOR part IN
+                SELECT c.relname::text AS name,
+                       CASE WHEN c.relname::text ~ '_\d{8}$'
+                            THEN to_date(right(c.relname::text, 8), 'YYYYMMDD') END AS day
+                  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = format('pgqueue.%I', pgqueue._history_table(q.queue))::regclass
+                 ORDER BY 2 NULLS LAST
+            LOOP
+                CONTINUE WHEN part.day IS NOT NULL AND (part.day + 1)::timestamptz > cutoff;
+                BEGIN
+                    IF part.day IS NULL THEN
+                        -- The default partition: truncated once everything in it is past.
+                        EXECUTE format('SELECT count(*), max(finished_at) FROM pgqueue.%I', part.name)
+                           INTO n, newest;
+                        CONTINUE WHEN n = 0 OR newest > cutoff;
+                        PERFORM set_config('lock_timeout', timeout, true);
+                        EXECUTE format('TRUNCATE pgqueue.%I', part.name);
+                    ELSE
+                        EXECUTE format('SELECT count(*) FROM pgqueue.%I', part.name) INTO n;
+                        PERFORM set_config('lock_timeout', timeout, true);
+                        EXECUTE format('DROP TABLE pgqueue.%I', part.name);
+                    END IF;
+                    r.target := part.name;
+                    r.outcome := 'pruned';
+                    r.rows := n;
+                EXCEPTION
+                    WHEN lock_not_available THEN
+                        r.target := part.name;
+                        r.outcome := 'blocked';
+                        r.rows := 0;
+                        setback := true;
+                    WHEN OTHERS THEN
+                        RAISE WARNING 'pgqueue: pruning % failed: %', part.name, SQLERRM;
+                        r.target := part.name;
+                        r.outcome := 'error';
+                        r.rows := 0;
+                END;
+                RETURN NEXT r;
+            END LOOP;
+            IF r.outcome = 'noop' THEN
+                r.target := pgqueue._history_table(q.queue);
+                RETURN NEXT r;
+            END IF;
+        END IF;
+        -- Back off a queue whose pruning keeps being blocked: 3 in a row, then 1 min, 2 min, … 1 h.
+        IF setback THEN
+            INSERT INTO pgqueue.prune_state AS s (queue, failures, retry_after)
+            VALUES (q.queue, 1, now())
+            ON CONFLICT (queue) DO UPDATE
+               SET failures = s.failures + 1,
+                   retry_after = now() + CASE WHEN s.failures + 1 >= 3
+                       THEN least(interval '1 minute' * power(2, least(s.failures - 2, 10)), interval '1 hour')
+                       ELSE interval '0' END;
+        ELSE
+            DELETE FROM pgqueue.prune_state s WHERE s.queue = q.queue;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Adds one tick's counts (a jsonb of counter => increment, plus "error" and flags) to the
+-- worker_state row.
+CREATE FUNCTION pgqueue._record_tick(counts jsonb) RETURNS void
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    UPDATE pgqueue.worker_state SET
+        pid = pg_backend_pid(),
+        started_at = CASE WHEN (counts->>'first')::boolean THEN now() ELSE started_at END,
+        last_tick_at = now(),
+        last_prune_at = CASE WHEN (counts->>'pruned')::boolean THEN now() ELSE last_prune_at END,
+        tick_interval_ms = (counts->>'tick_interval_ms')::integer,
+        ticks = ticks + 1,
+        tick_failures = tick_failures + coalesce((counts->>'tick_failures')::bigint, 0),
+        promote_failures = promote_failures + coalesce((counts->>'promote_failures')::bigint, 0),
+        orphan_failures = orphan_failures + coalesce((counts->>'orphan_failures')::bigint, 0),
+        rearm_failures = rearm_failures + coalesce((counts->>'rearm_failures')::bigint, 0),
+        partition_failures = partition_failures + coalesce((counts->>'partition_failures')::bigint, 0),
+        prune_failures = prune_failures + coalesce((counts->>'prune_failures')::bigint, 0),
+        promoted = promoted + coalesce((counts->>'promoted')::bigint, 0),
+        orphans_expired = orphans_expired + coalesce((counts->>'orphans_expired')::bigint, 0),
+        rearmed = rearmed + coalesce((counts->>'rearmed')::bigint, 0),
+        dead_lettered = dead_lettered + coalesce((counts->>'dead_lettered')::bigint, 0),
+        rescue_batches = rescue_batches + coalesce((counts->>'rescue_batches')::bigint, 0),
+        rescue_rows = rescue_rows + coalesce((counts->>'rescue_rows')::bigint, 0),
+        partitions_created = partitions_created + coalesce((counts->>'partitions_created')::bigint, 0),
+        prune_pruned = prune_pruned + coalesce((counts->>'prune_pruned')::bigint, 0),
+        prune_noop = prune_noop + coalesce((counts->>'prune_noop')::bigint, 0),
+        prune_blocked = prune_blocked + coalesce((counts->>'prune_blocked')::bigint, 0),
+        prune_skipped_active = prune_skipped_active + coalesce((counts->>'prune_skipped_active')::bigint, 0),
+        prune_backed_off = prune_backed_off + coalesce((counts->>'prune_backed_off')::bigint, 0),
+        prune_error = prune_error + coalesce((counts->>'prune_error')::bigint, 0),
+        pruned_rows = pruned_rows + coalesce((counts->>'pruned_rows')::bigint, 0),
+        last_error = coalesce(counts->>'error', last_error),
+        last_error_at = CASE WHEN counts ? 'error' THEN now() ELSE last_error_at END;
+END;

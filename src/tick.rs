@@ -1,0 +1,306 @@
+//! One tick of housekeeping, shared by the background worker and `pgq_tick()`. Each step
+//! runs in a bracket of its own — a transaction in the worker, a subtransaction in
+//! `pgq_tick()` — so a failing step is counted and logged and never stops the others.
+//! The steps' SQL lives in `sql/maintenance.sql`; this file only sequences and counts.
+
+use crate::guc;
+use pgrx::JsonB;
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::prelude::*;
+use serde_json::{Map, Value, json};
+use std::panic::{RefUnwindSafe, UnwindSafe};
+use std::time::Instant;
+
+/// How each step is isolated from the others.
+#[derive(Clone, Copy)]
+pub enum Bracket {
+    /// Its own top-level transaction (background worker: every step commits on its own).
+    Transaction,
+    /// A subtransaction of the caller's transaction (`pgq_tick()` from SQL).
+    Subtransaction,
+}
+
+/// What to run this time.
+pub struct Plan {
+    /// All steps, or only a re-arm pass (the worker comes back sooner while a backlog lasts).
+    pub all_steps: bool,
+    /// The first tick since the process started (recorded as `started_at`).
+    pub first: bool,
+}
+
+/// What one tick did.
+#[derive(Default)]
+pub struct Outcome {
+    counts: Map<String, Value>,
+    failed: Vec<(&'static str, String)>,
+    /// The re-arm pass stopped on its budget with expired claims left.
+    pub backlog: bool,
+}
+
+impl Outcome {
+    fn add(&mut self, counter: &str, n: i64) {
+        let entry = self.counts.entry(counter).or_insert(json!(0));
+        *entry = json!(entry.as_i64().unwrap_or(0) + n);
+    }
+
+    /// Rows for pgq_tick(): (step, failed, error).
+    pub fn failures(&self) -> &[(&'static str, String)] {
+        &self.failed
+    }
+}
+
+/// Runs one tick. `cursor` is where the previous re-arm pass stopped (0: from the start).
+pub fn run(bracket: Bracket, plan: Plan, cursor: &mut i64) -> Outcome {
+    let mut out = Outcome::default();
+    if plan.all_steps {
+        if let Some(n) = step(bracket, &mut out, "promote", || {
+            one("SELECT pgqueue._promote_all(10000)")
+        }) {
+            out.add("promoted", n);
+        }
+        if let Some(n) = step(bracket, &mut out, "orphan", || {
+            one("SELECT pgqueue._expire_orphaned_claims()")
+        }) {
+            out.add("orphans_expired", n);
+        }
+    }
+    rescue(bracket, &mut out, cursor);
+    let mut pruned = false;
+    if plan.all_steps && prune_due(bracket, &mut out) {
+        if let Some(n) = step(bracket, &mut out, "partition", || {
+            one("SELECT pgqueue._maintain_partitions()")
+        }) {
+            out.add("partitions_created", n);
+        }
+        if let Some(rows) = step(bracket, &mut out, "prune", prune) {
+            for (outcome, n, removed) in rows {
+                out.add(&format!("prune_{outcome}"), n);
+                out.add("pruned_rows", removed);
+            }
+        }
+        pruned = true;
+    }
+    record(bracket, &mut out, &plan, pruned);
+    out
+}
+
+/// The bounded rescue: batches of `rescue_batch_size`, each in its own bracket, continuing
+/// while batches come back full, until the pass budget or row cap is reached.
+fn rescue(bracket: Bracket, out: &mut Outcome, cursor: &mut i64) {
+    let (budget, max_rows) = (
+        guc::rescue_pass_budget(),
+        i64::from(guc::RESCUE_PASS_MAX_ROWS.get()),
+    );
+    let batch = guc::RESCUE_BATCH_SIZE.get();
+    let start = Instant::now();
+    let mut rows = 0;
+    loop {
+        let after = *cursor;
+        let Some((rearmed, dead, last, more)) = step(bracket, out, "rearm", || {
+            Spi::connect(|client| {
+                let row = client
+                    .select(
+                        "SELECT rearmed, dead_lettered, coalesce(last_msg_id, 0), more
+                           FROM pgqueue._rearm_batch($1, $2)",
+                        Some(1),
+                        &[after.into(), batch.into()],
+                    )?
+                    .first();
+                Ok::<_, pgrx::spi::Error>((
+                    row.get::<i64>(1)?.unwrap_or(0),
+                    row.get::<i64>(2)?.unwrap_or(0),
+                    row.get::<i64>(3)?.unwrap_or(0),
+                    row.get::<bool>(4)?.unwrap_or(false),
+                ))
+            })
+            .unwrap_or_else(|e| error!("{e}"))
+        }) else {
+            break; // counted; the next tick starts over
+        };
+        out.add("rearmed", rearmed);
+        out.add("dead_lettered", dead);
+        out.add("rescue_batches", 1);
+        out.add("rescue_rows", rearmed + dead);
+        rows += rearmed + dead;
+        if !more {
+            *cursor = 0;
+            break;
+        }
+        *cursor = last;
+        if start.elapsed() >= budget || rows >= max_rows {
+            out.backlog = true;
+            break;
+        }
+    }
+}
+
+fn prune_due(bracket: Bracket, out: &mut Outcome) -> bool {
+    let interval = guc::prune_interval().as_secs_f64();
+    step(bracket, out, "prune", || {
+        Spi::get_one_with_args::<bool>(
+            "SELECT last_prune_at IS NULL OR now() - last_prune_at >= make_interval(secs => $1)
+               FROM pgqueue.worker_state",
+            &[interval.into()],
+        )
+        .unwrap_or_else(|e| error!("{e}"))
+        .unwrap_or(false)
+    })
+    .unwrap_or(false)
+}
+
+/// (outcome, partitions, rows removed) per outcome of `pgq_prune()` over all queues.
+fn prune() -> Vec<(String, i64, i64)> {
+    Spi::connect(|client| {
+        client
+            .select(
+                "SELECT outcome, count(*), coalesce(sum(rows) FILTER (WHERE outcome = 'pruned'), 0)::bigint
+                   FROM pgqueue.pgq_prune() GROUP BY outcome",
+                None,
+                &[],
+            )?
+            .map(|row| Ok((row.get::<String>(1)?.unwrap_or_default(), row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0))))
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .unwrap_or_else(|e| error!("{e}"))
+}
+
+/// Adds the tick's counts to `pgqueue.worker_state`.
+fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
+    let mut counts = out.counts.clone();
+    for (step, _) in &out.failed {
+        let key = format!("{step}_failures");
+        let n = counts.get(&key).and_then(Value::as_i64).unwrap_or(0);
+        counts.insert(key, json!(n + 1));
+    }
+    counts.insert("tick_failures".into(), json!(out.failed.len()));
+    counts.insert("first".into(), json!(plan.first));
+    counts.insert("pruned".into(), json!(pruned));
+    counts.insert(
+        "tick_interval_ms".into(),
+        json!(guc::TICK_INTERVAL_MS.get()),
+    );
+    if let Some((step, error)) = out.failed.last() {
+        counts.insert("error".into(), json!(format!("{step}: {error}")));
+    }
+    let counts = JsonB(Value::Object(counts));
+    step(bracket, out, "record", move || {
+        Spi::run_with_args("SELECT pgqueue._record_tick($1)", &[counts.into()])
+            .unwrap_or_else(|e| error!("{e}"))
+    });
+}
+
+fn one(sql: &str) -> i64 {
+    Spi::get_one::<i64>(sql)
+        .unwrap_or_else(|e| error!("{e}"))
+        .unwrap_or(0)
+}
+
+/// Runs `body` in its bracket; on error, logs a warning, counts the failure, returns None.
+fn step<R>(
+    bracket: Bracket,
+    out: &mut Outcome,
+    name: &'static str,
+    body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe,
+) -> Option<R> {
+    let result = match bracket {
+        Bracket::Transaction => in_transaction(body),
+        Bracket::Subtransaction => in_subtransaction(body),
+    };
+    result
+        .map_err(|error| {
+            warning!("pgqueue: step \"{name}\" failed: {error}");
+            out.failed.push((name, error));
+        })
+        .ok()
+}
+
+fn message(error: &CaughtError) -> String {
+    match error {
+        CaughtError::PostgresError(e) | CaughtError::ErrorReport(e) => e.message().to_string(),
+        CaughtError::RustPanic { ereport, .. } => ereport.message().to_string(),
+    }
+}
+
+/// A top-level transaction of its own (background worker only).
+pub fn in_transaction<R>(
+    body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe,
+) -> Result<R, String> {
+    // SAFETY: the standard transaction bracket for a background worker.
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    let mut body = Some(body);
+    PgTryBuilder::new(move || {
+        let result = (body.take().expect("runs once"))();
+        // SAFETY: closes the bracket opened above; a failing commit lands in the catch.
+        unsafe {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::CommitTransactionCommand();
+        }
+        Ok(result)
+    })
+    .catch_others(|error| {
+        // SAFETY: without this the next StartTransactionCommand fails on a dangling state.
+        unsafe { pg_sys::AbortCurrentTransaction() };
+        Err(message(&error))
+    })
+    .execute()
+}
+
+/// A subtransaction of the caller's transaction, as PL/pgSQL's EXCEPTION blocks do it.
+fn in_subtransaction<R>(
+    body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe,
+) -> Result<R, String> {
+    // SAFETY: BeginInternalSubTransaction switches memory context and resource owner;
+    // both are restored on either path, as PL/pgSQL does.
+    let (context, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
+    unsafe {
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(context);
+    }
+    let restore = move || unsafe {
+        pg_sys::MemoryContextSwitchTo(context);
+        pg_sys::CurrentResourceOwner = owner;
+    };
+    let mut body = Some(body);
+    PgTryBuilder::new(move || {
+        let result = (body.take().expect("runs once"))();
+        unsafe { pg_sys::ReleaseCurrentSubTransaction() };
+        restore();
+        Ok(result)
+    })
+    .catch_others(move |error| {
+        unsafe {
+            pg_sys::MemoryContextSwitchTo(context);
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+        }
+        restore();
+        Err(message(&error))
+    })
+    .execute()
+}
+
+/// Runs one tick of the background worker's housekeeping in this session: for servers
+/// where the library cannot be preloaded (schedule it with pg_cron). Every step runs in a
+/// subtransaction; returns the steps that failed (none: an empty result).
+#[pg_extern(volatile, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn pgq_tick() -> TableIterator<'static, (name!(step, String), name!(error, String))> {
+    let mut cursor = 0;
+    let out = run(
+        Bracket::Subtransaction,
+        Plan {
+            all_steps: true,
+            first: false,
+        },
+        &mut cursor,
+    );
+    TableIterator::new(
+        out.failures()
+            .iter()
+            .map(|(s, e)| (s.to_string(), e.clone()))
+            .collect::<Vec<_>>(),
+    )
+}
