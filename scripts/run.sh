@@ -36,7 +36,6 @@ port = $port
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$datadir'
 shared_preload_libraries = 'pgqueue'
-pgqueue.database = 'postgres'
 CONF
 as_pg "$bindir/pg_ctl" -D "$datadir/data" -l "$datadir/server.log" -w start >/dev/null
 psql_cmd=(sudo -u postgres "$bindir/psql" -h "$datadir" -p "$port" -d postgres -X -v ON_ERROR_STOP=1)
@@ -71,15 +70,28 @@ SELECT msg_id, attempt, priority, payload, lease_expires_at::time(0) FROM held;
 SELECT pgqueue.pgq_ack(msg_id, claim_token) AS acked FROM held ORDER BY priority DESC, msg_id LIMIT 2;
 SELECT pgqueue.pgq_nack(msg_id, claim_token, retry_in => '0 s', error => 'demo retry') AS nacked
   FROM held ORDER BY priority DESC, msg_id OFFSET 2;
-\echo '-- a consumer that crashes: it claims with a 2 s lease and never comes back'
-SELECT msg_id, claim_token, lease_expires_at::time(0) FROM pgqueue.pgq_claim('demo', lease => '2 s', consumer => 'crashing-consumer');
-SELECT pg_sleep(2.5);
-SELECT queue, ready, claimed, expired_claims, oldest_expired_claim_age FROM pgqueue.queue_stats;
-\echo '-- re-arming the expired claim makes the message claimable again, with its attempt counted'
-SELECT * FROM pgqueue.pgq_rearm();
-SELECT msg_id, state, attempt, last_error FROM pgqueue.messages ORDER BY msg_id;
-SELECT queue, ready, delayed, claimed, expired_claims, dead FROM pgqueue.queue_stats;
+SELECT queue, ready, delayed, claimed FROM pgqueue.queue_stats;
 SQL
+
+say "a consumer crashes while holding a message; the worker re-arms it by itself"
+# The consumer claims with session_bound => true, then hangs; its connection is killed.
+PGAPPNAME=doomed-consumer "${psql_cmd[@]}" -Atc \
+    "SELECT 'claimed ' || msg_id FROM pgqueue.pgq_claim('demo', lease => '5 min', consumer => 'doomed', session_bound => true)" \
+    -c "SELECT pg_sleep(600)" 2>/dev/null &
+sleep 1
+"${psql_cmd[@]}" -c "SELECT msg_id, state, consumer, lease_expires_at::time(0) AS lease_until FROM pgqueue.messages WHERE consumer = 'doomed'"
+echo "killing the consumer's connection..."
+"${psql_cmd[@]}" -Atc "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'doomed-consumer'" >/dev/null
+start=$(date +%s.%N)
+for _ in $(seq 1 100); do
+    left=$("${psql_cmd[@]}" -Atc "SELECT count(*) FROM pgqueue.messages WHERE consumer = 'doomed'")
+    [ "$left" = 0 ] && break
+    sleep 0.1
+done
+printf 'message claimable again after %.1f s (its lease had 5 minutes left)\n' "$(echo "$(date +%s.%N) - $start" | awk '{print $1 - $3}')"
+"${psql_cmd[@]}" -c "SELECT msg_id, state, attempt, last_error FROM pgqueue.messages ORDER BY msg_id"
+"${psql_cmd[@]}" -c "SELECT ticks, rearmed, orphans_expired, promoted, tick_failures, since_last_tick FROM pgqueue.worker_stats"
+wait 2>/dev/null || true
 
 say "pgqueue is running"
 cat <<TXT

@@ -5,8 +5,8 @@ use pgrx::pg_sys;
 use std::ffi::{CStr, CString};
 use std::time::Duration;
 
-pub static DATABASE: GucSetting<Option<CString>> =
-    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static DATABASES: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static LAUNCHER_NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static TICK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static PRUNE_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
@@ -101,17 +101,23 @@ pub fn init() {
         Sighup,
         GucFlags::default(),
     );
-    // SAFETY: read of a postmaster global during library load.
-    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        GucRegistry::define_string_guc(
-            c"pgqueue.database",
-            c"Database in which the pgqueue background worker runs.",
-            c"Read at server start.",
-            &DATABASE,
-            GucContext::Postmaster,
-            GucFlags::default(),
-        );
-    }
+    GucRegistry::define_string_guc(
+        c"pgqueue.databases",
+        c"Databases the pgqueue workers run in (comma-separated); empty: every database with the extension.",
+        c"",
+        &DATABASES,
+        Sighup,
+        GucFlags::default(),
+    );
+    int(
+        c"pgqueue.launcher_naptime",
+        c"How often the pgqueue launcher looks for databases that need a worker.",
+        c"A database where the extension is created gets its worker within this time.",
+        &LAUNCHER_NAPTIME_MS,
+        (100, 3_600_000),
+        Sighup,
+        GucFlags::UNIT_MS,
+    );
     // SAFETY: called from _PG_init; rejects misspelled pgqueue.* settings from now on.
     unsafe { pg_sys::MarkGUCPrefixReserved(c"pgqueue".as_ptr()) };
 }
@@ -133,13 +139,15 @@ pub fn rescue_pass_budget() -> Duration {
     ms(&RESCUE_PASS_BUDGET_MS).min(tick_interval() / 2)
 }
 
-pub fn database() -> String {
-    DATABASE
-        .get()
-        .as_deref()
-        .map(CStr::to_string_lossy)
-        .map(Into::into)
-        .unwrap_or_else(|| "postgres".into())
+pub fn launcher_naptime() -> Duration {
+    ms(&LAUNCHER_NAPTIME_MS)
+}
+
+/// Whether `pgqueue.databases` lets a worker run in `database` (empty: every database).
+pub fn database_wanted(database: &str) -> bool {
+    let list = DATABASES.get();
+    let list = list.as_deref().map(CStr::to_string_lossy).unwrap_or_default();
+    list.trim().is_empty() || list.split(',').any(|name| name.trim() == database)
 }
 
 /// The payload limit in force, for the SQL API (calling it also loads the library, and so

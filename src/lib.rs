@@ -44,10 +44,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(
-            Spi::get_one::<String>("SELECT pgqueue.pgq_version()"),
-            Ok(Some("0.1.0".into()))
-        );
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.1.0".into())));
     }
 
     #[pg_test]
@@ -59,17 +56,12 @@ mod tests {
     #[pg_test]
     fn test_settings_registered() {
         // Reserved prefix and defaults an operator sees in pg_settings.
-        let ctx = Spi::get_one::<String>(
-            "SELECT context FROM pg_settings WHERE name = 'pgqueue.tick_interval'",
-        );
+        let ctx = Spi::get_one::<String>("SELECT context FROM pg_settings WHERE name = 'pgqueue.tick_interval'");
         assert_eq!(ctx, Ok(Some("sighup".into())));
-        let ctx = Spi::get_one::<String>(
-            "SELECT context FROM pg_settings WHERE name = 'pgqueue.database'",
-        );
-        assert_eq!(ctx, Ok(Some("postmaster".into())));
-        let setting = Spi::get_one::<String>(
-            "SELECT setting FROM pg_settings WHERE name = 'pgqueue.prune_lock_timeout'",
-        );
+        let ctx = Spi::get_one::<String>("SELECT context FROM pg_settings WHERE name = 'pgqueue.databases'");
+        assert_eq!(ctx, Ok(Some("sighup".into())));
+        let setting =
+            Spi::get_one::<String>("SELECT setting FROM pg_settings WHERE name = 'pgqueue.prune_lock_timeout'");
         assert_eq!(setting, Ok(Some("10".into())));
     }
 }
@@ -84,7 +76,7 @@ pub mod pg_test {
     pub fn postgresql_conf_options() -> Vec<&'static str> {
         vec![
             "shared_preload_libraries = 'pgqueue'",
-            "pgqueue.database = 'pgrx_tests'",
+            "pgqueue.launcher_naptime = '200ms'",
             "pgqueue.tick_interval = '100ms'",
             "pgqueue.prune_interval = '1s'",
         ]

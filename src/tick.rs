@@ -53,23 +53,17 @@ impl Outcome {
 pub fn run(bracket: Bracket, plan: Plan, cursor: &mut i64) -> Outcome {
     let mut out = Outcome::default();
     if plan.all_steps {
-        if let Some(n) = step(bracket, &mut out, "promote", || {
-            one("SELECT pgqueue._promote_all(10000)")
-        }) {
+        if let Some(n) = step(bracket, &mut out, "promote", || one("SELECT pgqueue._promote_all(10000)")) {
             out.add("promoted", n);
         }
-        if let Some(n) = step(bracket, &mut out, "orphan", || {
-            one("SELECT pgqueue._expire_orphaned_claims()")
-        }) {
+        if let Some(n) = step(bracket, &mut out, "orphan", || one("SELECT pgqueue._expire_orphaned_claims()")) {
             out.add("orphans_expired", n);
         }
     }
     rescue(bracket, &mut out, cursor);
     let mut pruned = false;
     if plan.all_steps && prune_due(bracket, &mut out) {
-        if let Some(n) = step(bracket, &mut out, "partition", || {
-            one("SELECT pgqueue._maintain_partitions()")
-        }) {
+        if let Some(n) = step(bracket, &mut out, "partition", || one("SELECT pgqueue._maintain_partitions()")) {
             out.add("partitions_created", n);
         }
         if let Some(rows) = step(bracket, &mut out, "prune", prune) {
@@ -87,10 +81,7 @@ pub fn run(bracket: Bracket, plan: Plan, cursor: &mut i64) -> Outcome {
 /// The bounded rescue: batches of `rescue_batch_size`, each in its own bracket, continuing
 /// while batches come back full, until the pass budget or row cap is reached.
 fn rescue(bracket: Bracket, out: &mut Outcome, cursor: &mut i64) {
-    let (budget, max_rows) = (
-        guc::rescue_pass_budget(),
-        i64::from(guc::RESCUE_PASS_MAX_ROWS.get()),
-    );
+    let (budget, max_rows) = (guc::rescue_pass_budget(), i64::from(guc::RESCUE_PASS_MAX_ROWS.get()));
     let batch = guc::RESCUE_BATCH_SIZE.get();
     let start = Instant::now();
     let mut rows = 0;
@@ -158,7 +149,9 @@ fn prune() -> Vec<(String, i64, i64)> {
                 None,
                 &[],
             )?
-            .map(|row| Ok((row.get::<String>(1)?.unwrap_or_default(), row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0))))
+            .map(|row| {
+                Ok((row.get::<String>(1)?.unwrap_or_default(), row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0)))
+            })
             .collect::<Result<Vec<_>, pgrx::spi::Error>>()
     })
     .unwrap_or_else(|e| error!("{e}"))
@@ -175,24 +168,18 @@ fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
     counts.insert("tick_failures".into(), json!(out.failed.len()));
     counts.insert("first".into(), json!(plan.first));
     counts.insert("pruned".into(), json!(pruned));
-    counts.insert(
-        "tick_interval_ms".into(),
-        json!(guc::TICK_INTERVAL_MS.get()),
-    );
+    counts.insert("tick_interval_ms".into(), json!(guc::TICK_INTERVAL_MS.get()));
     if let Some((step, error)) = out.failed.last() {
         counts.insert("error".into(), json!(format!("{step}: {error}")));
     }
     let counts = JsonB(Value::Object(counts));
     step(bracket, out, "record", move || {
-        Spi::run_with_args("SELECT pgqueue._record_tick($1)", &[counts.into()])
-            .unwrap_or_else(|e| error!("{e}"))
+        Spi::run_with_args("SELECT pgqueue._record_tick($1)", &[counts.into()]).unwrap_or_else(|e| error!("{e}"))
     });
 }
 
 fn one(sql: &str) -> i64 {
-    Spi::get_one::<i64>(sql)
-        .unwrap_or_else(|e| error!("{e}"))
-        .unwrap_or(0)
+    Spi::get_one::<i64>(sql).unwrap_or_else(|e| error!("{e}")).unwrap_or(0)
 }
 
 /// Runs `body` in its bracket; on error, logs a warning, counts the failure, returns None.
@@ -222,9 +209,7 @@ fn message(error: &CaughtError) -> String {
 }
 
 /// A top-level transaction of its own (background worker only).
-pub fn in_transaction<R>(
-    body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe,
-) -> Result<R, String> {
+pub fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, String> {
     // SAFETY: the standard transaction bracket for a background worker.
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
@@ -250,9 +235,7 @@ pub fn in_transaction<R>(
 }
 
 /// A subtransaction of the caller's transaction, as PL/pgSQL's EXCEPTION blocks do it.
-fn in_subtransaction<R>(
-    body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe,
-) -> Result<R, String> {
+fn in_subtransaction<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, String> {
     // SAFETY: BeginInternalSubTransaction switches memory context and resource owner;
     // both are restored on either path, as PL/pgSQL does.
     let (context, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
@@ -289,18 +272,6 @@ fn in_subtransaction<R>(
 #[search_path(pg_catalog, pg_temp)]
 fn pgq_tick() -> TableIterator<'static, (name!(step, String), name!(error, String))> {
     let mut cursor = 0;
-    let out = run(
-        Bracket::Subtransaction,
-        Plan {
-            all_steps: true,
-            first: false,
-        },
-        &mut cursor,
-    );
-    TableIterator::new(
-        out.failures()
-            .iter()
-            .map(|(s, e)| (s.to_string(), e.clone()))
-            .collect::<Vec<_>>(),
-    )
+    let out = run(Bracket::Subtransaction, Plan { all_steps: true, first: false }, &mut cursor);
+    TableIterator::new(out.failures().iter().map(|(s, e)| (s.to_string(), e.clone())).collect::<Vec<_>>())
 }

@@ -1,39 +1,146 @@
-//! The background worker process: wakes every `pgqueue.tick_interval` and runs a tick
-//! (see `tick.rs`), sooner while an expired-claim backlog remains.
+//! The background workers. A launcher (one per server, connected to no database) finds the
+//! databases and starts one worker per database; a worker whose database does not have the
+//! extension exits at once, and the launcher looks again every `pgqueue.launcher_naptime`.
+//! A database worker wakes every `pgqueue.tick_interval` and runs a tick (`tick.rs`),
+//! sooner while an expired-claim backlog remains.
 
 use crate::guc;
 use crate::tick::{self, Bracket, Plan};
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, DynamicBackgroundWorker, SignalWakeFlags,
+};
 use pgrx::prelude::*;
+use std::collections::HashMap;
+use std::ffi::CStr;
 use std::time::{Duration, Instant};
 
-const WORKER_TYPE: &str = "pgqueue worker";
+const LAUNCHER: &str = "pgqueue launcher";
+const WORKER: &str = "pgqueue worker";
 
-/// Registers the worker with the postmaster; only valid while preloading.
+/// Registers the launcher with the postmaster, and the DROP DATABASE hook; only valid while
+/// preloading.
 pub fn register() {
-    BackgroundWorkerBuilder::new(WORKER_TYPE)
-        .set_type(WORKER_TYPE)
+    BackgroundWorkerBuilder::new(LAUNCHER)
+        .set_type(LAUNCHER)
         .set_library("pgqueue")
-        .set_function("pgqueue_worker_main")
+        .set_function("pgqueue_launcher_main")
         .enable_spi_access()
-        // A crash or a pg_terminate_backend brings the worker back after a second.
+        // A crash or a pg_terminate_backend brings it back after a second.
         .set_restart_time(Some(Duration::from_secs(1)))
         .load();
+    // SAFETY: hook chaining at preload time, as every extension does it.
+    unsafe {
+        PREVIOUS_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(process_utility);
+    }
 }
 
 #[pg_guard]
 #[unsafe(no_mangle)]
-pub extern "C-unwind" fn pgqueue_worker_main(_arg: pg_sys::Datum) {
+pub extern "C-unwind" fn pgqueue_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let database = guc::database();
-    // Errors (e.g. the database does not exist yet) end the process with a FATAL; the
-    // postmaster restarts it after the restart time, so the worker keeps trying.
-    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
-    log!("pgqueue worker started in database \"{database}\"");
+    // No database: the launcher only reads the shared catalog pg_database.
+    BackgroundWorker::connect_worker_to_spi(None, None);
+    log!("pgqueue launcher started");
+    let mut workers: HashMap<u32, (DynamicBackgroundWorker, Instant)> = HashMap::new();
+    let mut probed: HashMap<u32, Instant> = HashMap::new();
+    loop {
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: the documented way for a background process to reload its settings.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        let naptime = guc::launcher_naptime();
+        let wanted: Vec<(u32, String)> =
+            databases().into_iter().filter(|(_, name)| guc::database_wanted(name)).collect();
+        // Forget workers that have exited; stop those whose database is no longer wanted.
+        workers.retain(|_, (worker, _)| matches!(worker.pid(), Ok(_) | Err(BackgroundWorkerStatus::NotYetStarted)));
+        let unwanted: Vec<u32> = workers.keys().filter(|oid| !wanted.iter().any(|(o, _)| o == *oid)).copied().collect();
+        for oid in unwanted {
+            if let Some((worker, _)) = workers.remove(&oid) {
+                let _ = worker.terminate();
+            }
+        }
+        for (oid, name) in &wanted {
+            let due = probed.get(oid).is_none_or(|at| at.elapsed() >= naptime);
+            if workers.contains_key(oid) || !due {
+                continue;
+            }
+            probed.insert(*oid, Instant::now());
+            match start_database_worker(*oid, name) {
+                Ok(worker) => {
+                    workers.insert(*oid, (worker, Instant::now()));
+                }
+                Err(e) => warning!(
+                    "pgqueue launcher: cannot start a worker for database \"{name}\": {e:?} (max_worker_processes?)"
+                ),
+            }
+        }
+        if !BackgroundWorker::wait_latch(Some(naptime.min(Duration::from_secs(1)))) {
+            break;
+        }
+    }
+    log!("pgqueue launcher exiting");
+    // Exit code 1: the postmaster restarts it (after a pg_terminate_backend too).
+    // SAFETY: ends the process the normal way.
+    unsafe { pg_sys::proc_exit(1) };
+}
+
+fn start_database_worker(oid: u32, name: &str) -> Result<DynamicBackgroundWorker, impl std::fmt::Debug> {
+    BackgroundWorkerBuilder::new(&format!("{WORKER} for {name}"))
+        .set_type(WORKER)
+        .set_library("pgqueue")
+        .set_function("pgqueue_worker_main")
+        .set_argument(Some(pg_sys::Datum::from(oid)))
+        .enable_spi_access()
+        .set_restart_time(None) // the launcher decides when to start one again
+        // SAFETY: our own pid, so that the postmaster tells us when it starts and stops.
+        .set_notify_pid(unsafe { pg_sys::MyProcPid })
+        .load_dynamic()
+}
+
+/// (oid, name) of every database that accepts connections and is not a template, read
+/// straight from the shared catalog (the launcher has no database to run SQL in).
+fn databases() -> Vec<(u32, String)> {
+    let mut found = vec![];
+    // SAFETY: a catalog heap scan in a transaction, as the autovacuum launcher does it.
+    unsafe {
+        pg_sys::StartTransactionCommand();
+        pg_sys::GetTransactionSnapshot();
+        let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
+        loop {
+            let tuple = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
+            if tuple.is_null() {
+                break;
+            }
+            let db = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tuple);
+            // datconnlimit -2 marks a database left invalid by an interrupted DROP DATABASE.
+            if db.datallowconn && !db.datistemplate && db.datconnlimit != -2 {
+                let name = CStr::from_ptr(db.datname.data.as_ptr()).to_string_lossy().into_owned();
+                found.push((db.oid.to_u32(), name));
+            }
+        }
+        pg_sys::heap_endscan(scan);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        pg_sys::CommitTransactionCommand();
+    }
+    found
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn pgqueue_worker_main(arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let oid = pg_sys::Oid::from(arg.value() as u32);
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(oid), None);
+    if !extension_installed() {
+        // Nothing to look after here; the launcher looks again later.
+        // SAFETY: ends the process the normal way (0: not restarted).
+        unsafe { pg_sys::proc_exit(0) };
+    }
+    log!("pgqueue worker started");
     // No step may hang the worker on a lock: it fails (is counted) and is retried next tick.
-    let _ = tick::in_transaction(|| {
-        Spi::run("SELECT pg_catalog.set_config('lock_timeout', '5s', false)")
-    });
+    let _ = tick::in_transaction(|| Spi::run("SELECT pg_catalog.set_config('lock_timeout', '5s', false)"));
 
     let mut first = true;
     let mut cursor = 0;
@@ -43,43 +150,88 @@ pub extern "C-unwind" fn pgqueue_worker_main(_arg: pg_sys::Datum) {
             // SAFETY: the documented way for a background process to reload its settings.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
+        if !extension_installed() {
+            log!("pgqueue worker: the extension was dropped; exiting");
+            break;
+        }
         let interval = guc::tick_interval();
         let mut wait = interval;
-        // A standby cannot write: the worker waits for promotion. Nothing to do either
-        // while the extension is not installed (it may be created at any time).
+        // A standby cannot write; the launcher only starts workers after promotion, but a
+        // check costs nothing.
         // SAFETY: reads shared memory state, callable any time after connecting.
-        if guc::ENABLED.get() && !unsafe { pg_sys::RecoveryInProgress() } && extension_installed() {
+        if guc::ENABLED.get() && !unsafe { pg_sys::RecoveryInProgress() } {
             let all_steps = last_full.is_none_or(|at| at.elapsed() >= interval);
             if all_steps {
                 last_full = Some(Instant::now());
             }
             let out = tick::run(Bracket::Transaction, Plan { all_steps, first }, &mut cursor);
             first = false;
-            let until_next =
-                interval.saturating_sub(last_full.map_or(Duration::ZERO, |at| at.elapsed()));
+            let until_next = interval.saturating_sub(last_full.map_or(Duration::ZERO, |at| at.elapsed()));
             // A backlog of expired claims: come straight back for another re-arm pass.
-            wait = if out.backlog {
-                Duration::ZERO
-            } else {
-                until_next
-            };
+            wait = if out.backlog { Duration::ZERO } else { until_next };
         }
         if !BackgroundWorker::wait_latch(Some(wait)) {
             break;
         }
     }
     log!("pgqueue worker exiting");
-    // Exit code 1 asks the postmaster for a restart: a pg_terminate_backend on the worker
-    // must not remove it for good. At server shutdown nothing is restarted anyway.
-    // SAFETY: ends the process the normal way.
-    unsafe { pg_sys::proc_exit(1) };
+    // SAFETY: ends the process the normal way; the launcher starts a new one when needed.
+    unsafe { pg_sys::proc_exit(0) };
 }
 
 /// Whether `pgqueue` is installed in this database.
 fn extension_installed() -> bool {
     // SAFETY: catalog lookup inside a transaction; missing_ok = true never raises.
-    tick::in_transaction(|| unsafe {
-        pg_sys::get_extension_oid(c"pgqueue".as_ptr(), true) != pg_sys::InvalidOid
+    tick::in_transaction(|| unsafe { pg_sys::get_extension_oid(c"pgqueue".as_ptr(), true) != pg_sys::InvalidOid })
+        .unwrap_or(false)
+}
+
+static mut PREVIOUS_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
+
+/// DROP DATABASE waits (5 s at most) for other sessions to leave the database, and our
+/// worker is one of them: ask it to leave first, so dropping a database just works.
+#[pg_guard]
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn process_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    // SAFETY: pstmt is the statement being executed, valid for the duration of the call.
+    unsafe {
+        let stmt = (*pstmt).utilityStmt;
+        if !stmt.is_null() && (*stmt).type_ == pg_sys::NodeTag::T_DropdbStmt {
+            let name = CStr::from_ptr((*(stmt as *mut pg_sys::DropdbStmt)).dbname).to_string_lossy().into_owned();
+            stop_workers_in(&name);
+        }
+        match PREVIOUS_PROCESS_UTILITY {
+            Some(previous) => previous(pstmt, query, read_only_tree, context, params, query_env, dest, qc),
+            None => pg_sys::standard_ProcessUtility(pstmt, query, read_only_tree, context, params, query_env, dest, qc),
+        }
+    }
+}
+
+fn stop_workers_in(database: &str) {
+    let pids: Vec<i32> = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT pid FROM pg_catalog.pg_stat_activity WHERE backend_type = $1 AND datname = $2",
+                None,
+                &[WORKER.into(), database.into()],
+            )?
+            .map(|row| row.get::<i32>(1).map(Option::unwrap_or_default))
+            .collect::<Result<Vec<_>, _>>()
     })
-    .unwrap_or(false)
+    .unwrap_or_default();
+    for pid in pids {
+        // A direct signal: the worker runs as the bootstrap superuser, whom the user
+        // dropping the database may not be allowed to pg_terminate_backend.
+        // SAFETY: SIGTERM to a process of our own server; it exits at its next wait.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
 }

@@ -24,12 +24,7 @@ fn walk(plan: &Value, indexes: &mut Vec<String>) {
     if let Some(name) = plan.get("Index Name").and_then(Value::as_str) {
         indexes.push(name.to_string());
     }
-    for child in plan
-        .get("Plans")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for child in plan.get("Plans").and_then(Value::as_array).into_iter().flatten() {
         walk(child, indexes);
     }
 }
@@ -42,12 +37,7 @@ fn explain_claim(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, q: &str) -> 
     for _ in 0..3 {
         notices.lock().unwrap().clear();
         let mut tx = c.transaction().unwrap();
-        assert_eq!(
-            tx.query("SELECT * FROM pgqueue.pgq_claim($1, 1)", &[&q])
-                .unwrap()
-                .len(),
-            1
-        );
+        assert_eq!(tx.query("SELECT * FROM pgqueue.pgq_claim($1, 1)", &[&q]).unwrap().len(), 1);
         tx.rollback().unwrap();
         let mut found = vec![];
         for notice in notices.lock().unwrap().iter() {
@@ -59,8 +49,8 @@ fn explain_claim(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, q: &str) -> 
             };
             let text = doc["Query Text"].as_str().unwrap_or_default().to_string();
             let plan = &doc["Plan"];
-            let buffers = plan["Shared Hit Blocks"].as_i64().unwrap_or(0)
-                + plan["Shared Read Blocks"].as_i64().unwrap_or(0);
+            let buffers =
+                plan["Shared Hit Blocks"].as_i64().unwrap_or(0) + plan["Shared Read Blocks"].as_i64().unwrap_or(0);
             let mut indexes = vec![];
             walk(plan, &mut indexes);
             if text.contains("state = 'delayed'") && text.contains("SKIP LOCKED") {
@@ -71,10 +61,7 @@ fn explain_claim(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, q: &str) -> 
         }
         found.sort_by_key(|f| f.0);
         let mut it = found.into_iter().map(|f| f.1);
-        let (promote, claim) = (
-            it.next().expect("promotion plan logged"),
-            it.next().expect("claim plan logged"),
-        );
+        let (promote, claim) = (it.next().expect("promotion plan logged"), it.next().expect("claim plan logged"));
         best = Some(match best {
             Some((p, cl)) if p.buffers + cl.buffers <= promote.buffers + claim.buffers => (p, cl),
             _ => (promote, claim),
@@ -84,8 +71,7 @@ fn explain_claim(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, q: &str) -> 
 }
 
 fn vacuum(c: &mut Client) {
-    c.batch_execute("VACUUM (ANALYZE) pgqueue.messages")
-        .unwrap();
+    c.batch_execute("VACUUM (ANALYZE) pgqueue.messages").unwrap();
 }
 
 /// A session whose nested statements' plans arrive as notices, with `extra` settings.
@@ -111,11 +97,9 @@ fn claim_cost_is_flat_in_in_flight_and_delayed_rows() {
     // otherwise trade for a sequential scan. The last check below uses default settings.
     let (mut c, notices) = explaining_session("SET enable_seqscan = off");
     let q = unique_queue("flat");
-    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q])
-        .unwrap();
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
     let ready: Vec<Value> = (0..20).map(|i| json!({ "i": i })).collect();
-    c.execute("SELECT pgqueue.pgq_send_batch($1, $2)", &[&q, &ready])
-        .unwrap();
+    c.execute("SELECT pgqueue.pgq_send_batch($1, $2)", &[&q, &ready]).unwrap();
     vacuum(&mut c);
     let (promote0, claim0) = explain_claim(&mut c, &notices, &q);
 
@@ -123,16 +107,8 @@ fn claim_cost_is_flat_in_in_flight_and_delayed_rows() {
     // that filtered leases per row would scan past every one of them.
     let payloads: Vec<Value> = (0..1000).map(|i| json!({ "i": i })).collect();
     for _ in 0..10 {
-        c.execute(
-            "SELECT pgqueue.pgq_send_batch($1, $2, priority => 10::smallint)",
-            &[&q, &payloads],
-        )
-        .unwrap();
-        c.execute(
-            "SELECT count(*) FROM pgqueue.pgq_claim($1, 1000, '1 hour')",
-            &[&q],
-        )
-        .unwrap();
+        c.execute("SELECT pgqueue.pgq_send_batch($1, $2, priority => 10::smallint)", &[&q, &payloads]).unwrap();
+        c.execute("SELECT count(*) FROM pgqueue.pgq_claim($1, 1000, '1 hour')", &[&q]).unwrap();
     }
     vacuum(&mut c);
     let (promote1, claim1) = explain_claim(&mut c, &notices, &q);
@@ -150,22 +126,12 @@ fn claim_cost_is_flat_in_in_flight_and_delayed_rows() {
 
     let summary = format!(
         "buffers per claim statement {} / {} / {}, per promotion {} / {} / {} (0 / 10k in flight / + 10k delayed)",
-        claim0.buffers,
-        claim1.buffers,
-        claim2.buffers,
-        promote0.buffers,
-        promote1.buffers,
-        promote2.buffers
+        claim0.buffers, claim1.buffers, claim2.buffers, promote0.buffers, promote1.buffers, promote2.buffers
     );
-    for (label, n) in [
-        ("nothing in flight", &claim0),
-        ("10k in flight", &claim1),
-        ("10k in flight + 10k delayed", &claim2),
-    ] {
-        assert!(
-            n.indexes.contains(&"messages_ready_idx".to_string()),
-            "{label}: {n:?}"
-        );
+    for (label, n) in
+        [("nothing in flight", &claim0), ("10k in flight", &claim1), ("10k in flight + 10k delayed", &claim2)]
+    {
+        assert!(n.indexes.contains(&"messages_ready_idx".to_string()), "{label}: {n:?}");
     }
     // A btree level more is the most a larger index may add (plus the in-flight index's
     // own growth on insert); scanning past rows would add hundreds.
@@ -178,24 +144,18 @@ fn claim_cost_is_flat_in_in_flight_and_delayed_rows() {
     // partial index.
     let (mut fresh, notices) = explaining_session("");
     let (promote, claim) = explain_claim(&mut fresh, &notices, &q);
-    assert!(
-        claim.indexes.contains(&"messages_ready_idx".to_string()),
-        "claim plan: {claim:?}"
-    );
-    assert!(
-        promote
-            .indexes
-            .contains(&"messages_delayed_idx".to_string()),
-        "promotion plan: {promote:?}"
-    );
+    assert!(claim.indexes.contains(&"messages_ready_idx".to_string()), "claim plan: {claim:?}");
+    assert!(promote.indexes.contains(&"messages_delayed_idx".to_string()), "promotion plan: {promote:?}");
 }
 
 fn hot_counters(c: &mut Client) -> (i64, i64) {
-    c.batch_execute("SELECT pg_stat_force_next_flush()")
-        .unwrap();
+    c.batch_execute("SELECT pg_stat_force_next_flush()").unwrap();
     c.batch_execute("SELECT pg_stat_clear_snapshot()").unwrap();
     let row = c
-        .query_one("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'pgqueue.messages'::regclass", &[])
+        .query_one(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'pgqueue.messages'::regclass",
+            &[],
+        )
         .unwrap();
     (row.get(0), row.get(1))
 }
@@ -206,18 +166,11 @@ fn renewals_are_hot_updates() {
     common::disable_worker();
     let mut c = connect();
     let q = unique_queue("hot");
-    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q])
-        .unwrap();
-    let payloads: Vec<Value> = (0..100)
-        .map(|i| json!({ "job": i, "pad": "x".repeat(100) }))
-        .collect();
-    c.execute("SELECT pgqueue.pgq_send_batch($1, $2)", &[&q, &payloads])
-        .unwrap();
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
+    let payloads: Vec<Value> = (0..100).map(|i| json!({ "job": i, "pad": "x".repeat(100) })).collect();
+    c.execute("SELECT pgqueue.pgq_send_batch($1, $2)", &[&q, &payloads]).unwrap();
     let held: Vec<(i64, uuid::Uuid)> = c
-        .query(
-            "SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, 100)",
-            &[&q],
-        )
+        .query("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, 100)", &[&q])
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1)))
@@ -225,13 +178,7 @@ fn renewals_are_hot_updates() {
     let (upd0, hot0) = hot_counters(&mut c);
     for _ in 0..5 {
         for (id, token) in &held {
-            let ok: bool = c
-                .query_one(
-                    "SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)",
-                    &[id, token],
-                )
-                .unwrap()
-                .get(0);
+            let ok: bool = c.query_one("SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)", &[id, token]).unwrap().get(0);
             assert!(ok);
         }
     }
@@ -246,16 +193,8 @@ fn renewals_are_hot_updates() {
 /// one-day retention. Returns (queue, partition).
 fn queue_with_old_history(c: &mut Client, rows: i64) -> (String, String) {
     let q = unique_queue("prune");
-    c.execute(
-        "SELECT pgqueue.pgq_create_queue($1, retention => '1 day')",
-        &[&q],
-    )
-    .unwrap();
-    c.execute(
-        "SELECT pgqueue._ensure_history_day($1, current_date - 5)",
-        &[&q],
-    )
-    .unwrap();
+    c.execute("SELECT pgqueue.pgq_create_queue($1, retention => '1 day')", &[&q]).unwrap();
+    c.execute("SELECT pgqueue._ensure_history_day($1, current_date - 5)", &[&q]).unwrap();
     c.execute(
         "INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at)
          SELECT -g, $1, 'completed', 0, 1, '{}', now() - '6 days'::interval, (current_date - 5) + interval '1 hour'
@@ -264,24 +203,18 @@ fn queue_with_old_history(c: &mut Client, rows: i64) -> (String, String) {
     )
     .unwrap();
     let part: String = c
-        .query_one(
-            "SELECT format('history_%s_%s', $1::text, to_char(current_date - 5, 'YYYYMMDD'))",
-            &[&q],
-        )
+        .query_one("SELECT format('history_%s_%s', $1::text, to_char(current_date - 5, 'YYYYMMDD'))", &[&q])
         .unwrap()
         .get(0);
     (q, part)
 }
 
 fn prune(c: &mut Client, q: &str) -> Vec<(String, String, i64)> {
-    c.query(
-        "SELECT target, outcome, rows FROM pgqueue.pgq_prune($1)",
-        &[&q],
-    )
-    .unwrap()
-    .iter()
-    .map(|r| (r.get(0), r.get(1), r.get(2)))
-    .collect()
+    c.query("SELECT target, outcome, rows FROM pgqueue.pgq_prune($1)", &[&q])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
 }
 
 #[test]
@@ -291,17 +224,10 @@ fn repeatedly_blocked_pruning_backs_off() {
     let mut c = connect();
     let (q, part) = queue_with_old_history(&mut c, 1);
     let mut reader = connect();
-    reader
-        .batch_execute(&format!("BEGIN; SELECT count(*) FROM pgqueue.{part}"))
-        .unwrap();
+    reader.batch_execute(&format!("BEGIN; SELECT count(*) FROM pgqueue.{part}")).unwrap();
     // The all-queues form (the worker's) backs a queue off after three blocked attempts.
     let outcome = |c: &mut Client| -> String {
-        c.query_one(
-            "SELECT outcome FROM pgqueue.pgq_prune() WHERE queue = $1",
-            &[&q],
-        )
-        .unwrap()
-        .get(0)
+        c.query_one("SELECT outcome FROM pgqueue.pgq_prune() WHERE queue = $1", &[&q]).unwrap().get(0)
     };
     let seen: Vec<String> = (0..4).map(|_| outcome(&mut c)).collect();
     assert_eq!(seen, ["blocked", "blocked", "blocked", "backed_off"]);
@@ -317,47 +243,23 @@ fn pgq_tick_does_a_ticks_work_in_the_calling_session() {
     common::disable_worker();
     let mut c = connect();
     let q = unique_queue("tick");
-    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q])
-        .unwrap();
-    c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q])
-        .unwrap();
-    c.execute("SELECT pgqueue.pgq_send($1, '{}', delay => '50 ms')", &[&q])
-        .unwrap();
-    c.execute(
-        "SELECT * FROM pgqueue.pgq_claim($1, lease => '10 ms')",
-        &[&q],
-    )
-    .unwrap();
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
+    c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap();
+    c.execute("SELECT pgqueue.pgq_send($1, '{}', delay => '50 ms')", &[&q]).unwrap();
+    c.execute("SELECT * FROM pgqueue.pgq_claim($1, lease => '10 ms')", &[&q]).unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let before: i64 = c
-        .query_one("SELECT ticks FROM pgqueue.worker_stats", &[])
-        .unwrap()
-        .get(0);
-    let failures = c
-        .query("SELECT step, error FROM pgqueue.pgq_tick()", &[])
-        .unwrap();
+    let before: i64 = c.query_one("SELECT ticks FROM pgqueue.worker_stats", &[]).unwrap().get(0);
+    let failures = c.query("SELECT step, error FROM pgqueue.pgq_tick()", &[]).unwrap();
     assert!(
         failures.is_empty(),
         "no step failed: {:?}",
-        failures
-            .iter()
-            .map(|r| r.get::<_, String>(1))
-            .collect::<Vec<_>>()
+        failures.iter().map(|r| r.get::<_, String>(1)).collect::<Vec<_>>()
     );
     let ready: i64 = c
-        .query_one(
-            "SELECT count(*) FROM pgqueue.messages WHERE queue = $1 AND state = 'ready'",
-            &[&q],
-        )
+        .query_one("SELECT count(*) FROM pgqueue.messages WHERE queue = $1 AND state = 'ready'", &[&q])
         .unwrap()
         .get(0);
-    assert_eq!(
-        ready, 2,
-        "the expired claim re-armed and the due message promoted"
-    );
-    let after: i64 = c
-        .query_one("SELECT ticks FROM pgqueue.worker_stats", &[])
-        .unwrap()
-        .get(0);
+    assert_eq!(ready, 2, "the expired claim re-armed and the due message promoted");
+    let after: i64 = c.query_one("SELECT ticks FROM pgqueue.worker_stats", &[]).unwrap().get(0);
     assert!(after > before, "the tick is counted");
 }

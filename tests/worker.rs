@@ -18,34 +18,23 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn stat(c: &mut Client, column: &str) -> i64 {
-    c.query_one(&format!("SELECT {column} FROM pgqueue.worker_stats"), &[])
-        .unwrap()
-        .get(0)
+    c.query_one(&format!("SELECT coalesce({column}, 0)::bigint FROM pgqueue.worker_stats"), &[]).unwrap().get(0)
 }
 
 fn state_of(c: &mut Client, id: i64) -> Option<String> {
-    c.query_opt(
-        "SELECT state FROM pgqueue.messages WHERE msg_id = $1",
-        &[&id],
-    )
-    .unwrap()
-    .map(|r| r.get(0))
+    c.query_opt("SELECT state FROM pgqueue.messages WHERE msg_id = $1", &[&id]).unwrap().map(|r| r.get(0))
 }
 
 fn new_queue(c: &mut Client) -> String {
     let q = unique_queue("w");
-    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q])
-        .unwrap();
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
     q
 }
 
 /// (pid, ticks, tick_interval_ms) from the row the worker updates every tick.
 fn state(client: &mut Client) -> Option<(i32, i64, i32)> {
     let row = client
-        .query_opt(
-            "SELECT pid, ticks, tick_interval_ms FROM pgqueue.worker_state WHERE pid IS NOT NULL",
-            &[],
-        )
+        .query_opt("SELECT pid, ticks, tick_interval_ms FROM pgqueue.worker_state WHERE pid IS NOT NULL", &[])
         .ok()??;
     Some((row.get(0), row.get(1), row.get(2)))
 }
@@ -62,9 +51,7 @@ fn worker_backend(client: &mut Client) -> Option<i32> {
 }
 
 fn ticks_beyond(client: &mut Client, pid: i32, ticks: i64) -> (i32, i64, i32) {
-    wait_for("the worker to tick again", LIMIT, || {
-        state(client).filter(|&(p, t, _)| p == pid && t > ticks)
-    })
+    wait_for("the worker to tick again", LIMIT, || state(client).filter(|&(p, t, _)| p == pid && t > ticks))
 }
 
 /// ALTER SYSTEM (which refuses to run in a transaction block), then SIGHUP everyone.
@@ -80,65 +67,93 @@ fn worker_lifecycle() {
     let mut client = connect();
 
     // 1. It runs in the test database and commits its heartbeat, again and again.
-    let pid = wait_for("the worker in pg_stat_activity", LIMIT, || {
-        worker_backend(&mut client)
-    });
-    let (state_pid, ticks, interval) = wait_for("a committed tick", LIMIT, || {
-        state(&mut client).filter(|&(p, ..)| p == pid)
-    });
+    let pid = wait_for("the worker in pg_stat_activity", LIMIT, || worker_backend(&mut client));
+    let (state_pid, ticks, interval) =
+        wait_for("a committed tick", LIMIT, || state(&mut client).filter(|&(p, ..)| p == pid));
     assert_eq!(state_pid, pid);
-    assert_eq!(
-        interval, 100,
-        "the test cluster sets pgqueue.tick_interval = 100ms"
-    );
+    assert_eq!(interval, 100, "the test cluster sets pgqueue.tick_interval = 100ms");
     ticks_beyond(&mut client, pid, ticks);
 
     // 2. SIGHUP: a reloaded tick interval is what the worker uses from then on.
-    reload(
-        &mut client,
-        "ALTER SYSTEM SET pgqueue.tick_interval = '150ms'",
-    );
-    let (_, _, interval) = wait_for("the reloaded interval", LIMIT, || {
-        state(&mut client).filter(|&(p, _, i)| p == pid && i == 150)
-    });
+    reload(&mut client, "ALTER SYSTEM SET pgqueue.tick_interval = '150ms'");
+    let (_, _, interval) =
+        wait_for("the reloaded interval", LIMIT, || state(&mut client).filter(|&(p, _, i)| p == pid && i == 150));
     assert_eq!(interval, 150);
-    reload(
-        &mut client,
-        "ALTER SYSTEM SET pgqueue.tick_interval = '100ms'",
-    );
-    wait_for("the interval reset", LIMIT, || {
-        state(&mut client).filter(|&(_, _, i)| i == 100)
-    });
+    reload(&mut client, "ALTER SYSTEM SET pgqueue.tick_interval = '100ms'");
+    wait_for("the interval reset", LIMIT, || state(&mut client).filter(|&(_, _, i)| i == 100));
 
-    // 3. The extension disappearing and coming back does not kill the worker.
+    // 3. The extension dropped: the worker leaves. Created again: a worker comes back.
     client.batch_execute("DROP EXTENSION pgqueue").unwrap();
-    std::thread::sleep(Duration::from_millis(500)); // several ticks without the extension
-    assert_eq!(
-        worker_backend(&mut client),
-        Some(pid),
-        "worker survives the extension's absence"
-    );
+    wait_for("the worker to leave", LIMIT, || worker_backend(&mut client).is_none().then_some(()));
     client.batch_execute("CREATE EXTENSION pgqueue").unwrap();
+    let pid = wait_for("a worker for the recreated extension", LIMIT, || worker_backend(&mut client));
     let (_, ticks, _) = wait_for("ticks in the recreated extension", LIMIT, || {
         state(&mut client).filter(|&(p, t, _)| p == pid && t > 0)
     });
     ticks_beyond(&mut client, pid, ticks);
 
-    // 4. SIGTERM ends it promptly (and its counters outlive it); being killed is not final, the postmaster restarts it.
+    // 4. pgqueue.databases restricts the workers to the databases it names.
+    reload(&mut client, "ALTER SYSTEM SET pgqueue.databases = 'some_other_database'");
+    wait_for("the worker to leave an unlisted database", LIMIT, || worker_backend(&mut client).is_none().then_some(()));
+    reload(&mut client, "ALTER SYSTEM SET pgqueue.databases = 'postgres, pgrx_tests'");
+    let pid = wait_for("the worker back in a listed database", LIMIT, || worker_backend(&mut client));
+    reload(&mut client, "ALTER SYSTEM RESET pgqueue.databases");
+
+    // 5. SIGTERM ends it promptly (its counters outlive it); the launcher starts another.
     let ticks_before = stat(&mut client, "ticks");
-    let terminated: bool = client
-        .query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid])
-        .unwrap()
-        .get(0);
+    let terminated: bool = client.query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid]).unwrap().get(0);
     assert!(terminated, "the worker exits within 5 s of SIGTERM");
-    let new_pid = wait_for("a restarted worker", LIMIT, || {
-        worker_backend(&mut client).filter(|&p| p != pid)
-    });
-    let (_, ticks, _) = wait_for("the new worker's tick", LIMIT, || {
-        state(&mut client).filter(|&(p, ..)| p == new_pid)
-    });
+    let new_pid = wait_for("a restarted worker", LIMIT, || worker_backend(&mut client).filter(|&p| p != pid));
+    let (_, ticks, _) = wait_for("the new worker's tick", LIMIT, || state(&mut client).filter(|&(p, ..)| p == new_pid));
     ticks_beyond(&mut client, new_pid, ticks);
     assert!(ticks > ticks_before, "counters are not reset by a restart");
+
+    // 6. The launcher, killed, is restarted by the postmaster; the worker carries on.
+    let launcher = launcher_backend(&mut client).expect("the launcher runs");
+    let terminated: bool = client.query_one("SELECT pg_terminate_backend($1, 5000)", &[&launcher]).unwrap().get(0);
+    assert!(terminated);
+    wait_for("a restarted launcher", LIMIT, || launcher_backend(&mut client).filter(|&p| p != launcher));
+    let (_, ticks, _) = state(&mut client).unwrap();
+    wait_for("ticks after the launcher's restart", LIMIT, || state(&mut client).filter(|&(_, t, _)| t > ticks));
+}
+
+fn launcher_backend(client: &mut Client) -> Option<i32> {
+    client
+        .query_opt("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pgqueue launcher'", &[])
+        .unwrap()
+        .map(|row| row.get(0))
+}
+
+#[test]
+fn every_database_with_the_extension_gets_a_worker_and_can_still_be_dropped() {
+    let _serial = serial();
+    let mut c = connect();
+    let db = unique_queue("db");
+    c.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+    let mut other = common::connect_to(&db);
+    // No extension, no worker (beyond a brief look).
+    std::thread::sleep(Duration::from_millis(600));
+    let workers = |c: &mut Client| -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pgqueue worker' AND datname = $1",
+            &[&db],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert_eq!(workers(&mut c), 0);
+    other.batch_execute("CREATE EXTENSION pgqueue").unwrap();
+    wait_for("a worker in the new database", LIMIT, || (workers(&mut c) == 1).then_some(()));
+    let ticks = |o: &mut Client| -> i64 { o.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0) };
+    wait_for("ticks in the new database", LIMIT, || (ticks(&mut other) > 0).then_some(()));
+    drop(other);
+    let launcher = launcher_backend(&mut c);
+    // A plain DROP DATABASE (no FORCE) is not blocked by the worker.
+    c.batch_execute(&format!("DROP DATABASE {db}")).unwrap();
+    assert_eq!(workers(&mut c), 0);
+    assert_eq!(launcher_backend(&mut c), launcher, "the launcher carries on");
+    let (_, t, _) = state(&mut c).unwrap();
+    wait_for("this database's worker still ticking", LIMIT, || state(&mut c).filter(|&(_, n, _)| n > t));
 }
 
 #[test]
@@ -146,15 +161,8 @@ fn the_worker_rearms_an_expired_claim_by_itself() {
     let _serial = serial();
     let mut c = connect();
     let q = new_queue(&mut c);
-    let id: i64 = c
-        .query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q])
-        .unwrap()
-        .get(0);
-    c.execute(
-        "SELECT * FROM pgqueue.pgq_claim($1, lease => '200 ms')",
-        &[&q],
-    )
-    .unwrap();
+    let id: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0);
+    c.execute("SELECT * FROM pgqueue.pgq_claim($1, lease => '200 ms')", &[&q]).unwrap();
     let rearmed = stat(&mut c, "rearmed");
     // Nobody calls anything: the worker re-arms it.
     wait_for("the worker to re-arm the claim", LIMIT, || {
@@ -162,13 +170,7 @@ fn the_worker_rearms_an_expired_claim_by_itself() {
     });
     assert!(stat(&mut c, "rearmed") > rearmed);
     // And a delayed message is promoted in bulk by the worker too.
-    let later: i64 = c
-        .query_one(
-            "SELECT pgqueue.pgq_send($1, '{}', delay => '200 ms')",
-            &[&q],
-        )
-        .unwrap()
-        .get(0);
+    let later: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}', delay => '200 ms')", &[&q]).unwrap().get(0);
     wait_for("the worker to promote a due message", LIMIT, || {
         (state_of(&mut c, later).as_deref() == Some("ready")).then_some(())
     });
@@ -189,13 +191,8 @@ fn a_hundred_thousand_abandoned_claims_drain_in_bounded_passes_while_live_work_f
     )
     .unwrap();
     loop {
-        let n: i64 = c
-            .query_one(
-                "SELECT count(*) FROM pgqueue.pgq_claim($1, 1000, '1 hour')",
-                &[&dead_fleet],
-            )
-            .unwrap()
-            .get(0);
+        let n: i64 =
+            c.query_one("SELECT count(*) FROM pgqueue.pgq_claim($1, 1000, '1 hour')", &[&dead_fleet]).unwrap().get(0);
         if n == 0 {
             break;
         }
@@ -208,22 +205,11 @@ fn a_hundred_thousand_abandoned_claims_drain_in_bounded_passes_while_live_work_f
             let mut c = connect();
             let mut done = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&live])
-                    .unwrap();
-                let row = c
-                    .query_one(
-                        "SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1)",
-                        &[&live],
-                    )
-                    .unwrap();
+                c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&live]).unwrap();
+                let row = c.query_one("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1)", &[&live]).unwrap();
                 let (id, token): (i64, Uuid) = (row.get(0), row.get(1));
-                let ok: bool = c
-                    .query_one(
-                        "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)",
-                        &[&id, &token],
-                    )
-                    .unwrap()
-                    .get(0);
+                let ok: bool =
+                    c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
                 assert!(ok);
                 done += 1;
             }
@@ -256,27 +242,11 @@ fn a_hundred_thousand_abandoned_claims_drain_in_bounded_passes_while_live_work_f
             &[&dead_fleet],
         )
         .unwrap();
-    assert_eq!(
-        (row.get::<_, i64>(0), row.get::<_, i64>(1)),
-        (ABANDONED, ABANDONED),
-        "every one claimable again"
-    );
-    let (rows, batches) = (
-        stat(&mut c, "rescue_rows") - rows0,
-        stat(&mut c, "rescue_batches") - batches0,
-    );
-    assert_eq!(
-        rows, ABANDONED,
-        "each abandoned claim re-armed exactly once"
-    );
-    assert!(
-        batches >= ABANDONED / 500,
-        "bounded batches of 500: {batches}"
-    );
-    assert!(
-        live_during_drain > 0,
-        "live claims kept flowing during the drain"
-    );
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (ABANDONED, ABANDONED), "every one claimable again");
+    let (rows, batches) = (stat(&mut c, "rescue_rows") - rows0, stat(&mut c, "rescue_batches") - batches0);
+    assert_eq!(rows, ABANDONED, "each abandoned claim re-armed exactly once");
+    assert!(batches >= ABANDONED / 500, "bounded batches of 500: {batches}");
+    assert!(live_during_drain > 0, "live claims kept flowing during the drain");
 }
 
 #[test]
@@ -284,42 +254,21 @@ fn a_failing_step_is_counted_and_the_others_still_run() {
     let _serial = serial();
     let mut c = connect();
     let q = new_queue(&mut c);
+    let pid = wait_for("a ticking worker", LIMIT, || Some(stat(&mut c, "pid")).filter(|&p| p != 0));
     let failures = stat(&mut c, "prune_failures");
-    let pid = stat(&mut c, "pid::bigint");
     // Break the prune step: its bookkeeping table disappears.
-    c.batch_execute("ALTER TABLE pgqueue.prune_state RENAME TO prune_state_gone")
-        .unwrap();
-    wait_for("a counted prune failure", LIMIT, || {
-        (stat(&mut c, "prune_failures") > failures).then_some(())
-    });
-    let error: String = c
-        .query_one("SELECT last_error FROM pgqueue.worker_stats", &[])
-        .unwrap()
-        .get(0);
-    assert!(
-        error.starts_with("prune:"),
-        "last_error names the step: {error}"
-    );
+    c.batch_execute("ALTER TABLE pgqueue.prune_state RENAME TO prune_state_gone").unwrap();
+    wait_for("a counted prune failure", LIMIT, || (stat(&mut c, "prune_failures") > failures).then_some(()));
+    let error: String = c.query_one("SELECT last_error FROM pgqueue.worker_stats", &[]).unwrap().get(0);
+    assert!(error.starts_with("prune:"), "last_error names the step: {error}");
     // Meanwhile the re-arm step still works, tick after tick.
-    let id: i64 = c
-        .query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q])
-        .unwrap()
-        .get(0);
-    c.execute(
-        "SELECT * FROM pgqueue.pgq_claim($1, lease => '100 ms')",
-        &[&q],
-    )
-    .unwrap();
+    let id: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0);
+    c.execute("SELECT * FROM pgqueue.pgq_claim($1, lease => '100 ms')", &[&q]).unwrap();
     wait_for("a re-arm despite the failing prune", LIMIT, || {
         (state_of(&mut c, id).as_deref() == Some("ready")).then_some(())
     });
-    c.batch_execute("ALTER TABLE pgqueue.prune_state_gone RENAME TO prune_state")
-        .unwrap();
-    assert_eq!(
-        stat(&mut c, "pid::bigint"),
-        pid,
-        "the same worker process carried on"
-    );
+    c.batch_execute("ALTER TABLE pgqueue.prune_state_gone RENAME TO prune_state").unwrap();
+    assert_eq!(stat(&mut c, "pid"), pid, "the same worker process carried on");
 }
 
 #[test]
@@ -327,44 +276,22 @@ fn a_session_bound_claim_comes_back_when_its_backend_dies() {
     let _serial = serial();
     let mut c = connect();
     let q = new_queue(&mut c);
-    let bound: i64 = c
-        .query_one("SELECT pgqueue.pgq_send($1, '{\"bound\": true}')", &[&q])
-        .unwrap()
-        .get(0);
-    let plain: i64 = c
-        .query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q])
-        .unwrap()
-        .get(0);
+    let bound: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{\"bound\": true}')", &[&q]).unwrap().get(0);
+    let plain: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0);
     let mut consumer = connect();
     let got: i64 = consumer
-        .query_one(
-            "SELECT msg_id FROM pgqueue.pgq_claim($1, lease => '1 hour', session_bound => true)",
-            &[&q],
-        )
+        .query_one("SELECT msg_id FROM pgqueue.pgq_claim($1, lease => '1 hour', session_bound => true)", &[&q])
         .unwrap()
         .get(0);
     assert_eq!(got, bound);
-    consumer
-        .query_one(
-            "SELECT msg_id FROM pgqueue.pgq_claim($1, lease => '1 hour')",
-            &[&q],
-        )
-        .unwrap();
-    let consumer_pid: i32 = consumer
-        .query_one("SELECT pg_backend_pid()", &[])
-        .unwrap()
-        .get(0);
+    consumer.query_one("SELECT msg_id FROM pgqueue.pgq_claim($1, lease => '1 hour')", &[&q]).unwrap();
+    let consumer_pid: i32 = consumer.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
     // While the consumer lives, its claim stays.
     let ticks = stat(&mut c, "ticks");
-    wait_for("two ticks", LIMIT, || {
-        (stat(&mut c, "ticks") >= ticks + 2).then_some(())
-    });
+    wait_for("two ticks", LIMIT, || (stat(&mut c, "ticks") >= ticks + 2).then_some(()));
     assert_eq!(state_of(&mut c, bound).as_deref(), Some("claimed"));
 
-    let ok: bool = c
-        .query_one("SELECT pg_terminate_backend($1, 5000)", &[&consumer_pid])
-        .unwrap()
-        .get(0);
+    let ok: bool = c.query_one("SELECT pg_terminate_backend($1, 5000)", &[&consumer_pid]).unwrap().get(0);
     assert!(ok);
     let ticks = stat(&mut c, "ticks");
     wait_for("the session-bound claim back", LIMIT, || {
@@ -372,9 +299,5 @@ fn a_session_bound_claim_comes_back_when_its_backend_dies() {
     });
     let took = stat(&mut c, "ticks") - ticks;
     assert!(took <= 3, "claimable again within two ticks (took {took})");
-    assert_eq!(
-        state_of(&mut c, plain).as_deref(),
-        Some("claimed"),
-        "a plain claim waits for its lease"
-    );
+    assert_eq!(state_of(&mut c, plain).as_deref(), Some("claimed"), "a plain claim waits for its lease");
 }

@@ -17,12 +17,8 @@ pub fn connect() -> Client {
 }
 
 fn start_cluster() {
-    pgrx_tests::run_test(
-        "test_extension_installed",
-        None,
-        pgqueue::pg_test::postgresql_conf_options(),
-    )
-    .expect("test cluster starts");
+    pgrx_tests::run_test("test_extension_installed", None, pgqueue::pg_test::postgresql_conf_options())
+        .expect("test cluster starts");
 }
 
 /// Turns the background worker off in this test binary's cluster (for tests that count
@@ -31,67 +27,57 @@ pub fn disable_worker() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let mut c = connect();
-        c.batch_execute("ALTER SYSTEM SET pgqueue.enabled = off")
-            .unwrap();
+        c.batch_execute("ALTER SYSTEM SET pgqueue.enabled = off").unwrap();
         c.batch_execute("SELECT pg_reload_conf()").unwrap();
-        let ticks = |c: &mut Client| -> i64 {
-            c.query_one("SELECT ticks FROM pgqueue.worker_state", &[])
-                .unwrap()
-                .get(0)
-        };
+        let ticks =
+            |c: &mut Client| -> i64 { c.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0) };
         let mut last = ticks(&mut c);
-        wait_for(
-            "the worker to stop ticking",
-            Duration::from_secs(30),
-            || {
-                std::thread::sleep(Duration::from_millis(500));
-                let now = ticks(&mut c);
-                let stopped = now == last;
-                last = now;
-                stopped.then_some(())
-            },
-        );
+        wait_for("the worker to stop ticking", Duration::from_secs(30), || {
+            std::thread::sleep(Duration::from_millis(500));
+            let now = ticks(&mut c);
+            let stopped = now == last;
+            last = now;
+            stopped.then_some(())
+        });
     });
 }
 
 /// A connection whose server notices (e.g. auto_explain output) are collected in `sink`.
 pub fn connect_with_notices(sink: Arc<Mutex<Vec<String>>>) -> Client {
-    let mut probe = connect();
-    let row = probe
-        .query_one(
-            "SELECT current_setting('port')::int, current_user::text, current_database()::text",
-            &[],
-        )
-        .unwrap();
-    let (port, user, db): (i32, String, String) = (row.get(0), row.get(1), row.get(2));
-    postgres::Config::new()
-        .host("localhost")
-        .port(port as u16)
-        .user(&user)
-        .dbname(&db)
+    config(None)
         .notice_callback(move |notice| sink.lock().unwrap().push(notice.message().to_string()))
         .connect(postgres::NoTls)
         .expect("connect with a notice callback")
 }
 
+/// A connection to another database of the test cluster.
+pub fn connect_to(dbname: &str) -> Client {
+    config(Some(dbname)).connect(postgres::NoTls).expect("connect to another database")
+}
+
+/// Connection settings for the test cluster, for `dbname` (default: the test database).
+fn config(dbname: Option<&str>) -> postgres::Config {
+    let mut probe = connect();
+    let row = probe
+        .query_one("SELECT current_setting('port')::int, current_user::text, current_database()::text", &[])
+        .unwrap();
+    let (port, user, db): (i32, String, String) = (row.get(0), row.get(1), row.get(2));
+    let mut config = postgres::Config::new();
+    config.host("localhost").port(port as u16).user(&user).dbname(dbname.unwrap_or(&db));
+    config
+}
+
 /// A queue name no other test uses.
 pub fn unique_queue(prefix: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{prefix}_{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("{prefix}_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The SQLSTATE of a failed statement.
 pub fn sqlstate(result: Result<impl Sized, postgres::Error>) -> String {
     match result {
         Ok(_) => panic!("expected an error, the statement succeeded"),
-        Err(e) => e
-            .code()
-            .map(|c| c.code().to_string())
-            .unwrap_or_else(|| format!("no SQLSTATE: {e}")),
+        Err(e) => e.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no SQLSTATE: {e}")),
     }
 }
 
@@ -102,10 +88,7 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Optio
         if let Some(value) = probe() {
             return value;
         }
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }

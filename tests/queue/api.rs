@@ -8,30 +8,21 @@ use uuid::Uuid;
 
 fn new_queue(c: &mut Client, args: &str) -> String {
     let q = unique_queue("api");
-    c.execute(
-        &format!("SELECT pgqueue.pgq_create_queue('{q}'{args})"),
-        &[],
-    )
-    .unwrap();
+    c.execute(&format!("SELECT pgqueue.pgq_create_queue('{q}'{args})"), &[]).unwrap();
     q
 }
 
 fn send(c: &mut Client, q: &str, payload: serde_json::Value) -> i64 {
-    c.query_one("SELECT pgqueue.pgq_send($1, $2)", &[&q, &payload])
-        .unwrap()
-        .get(0)
+    c.query_one("SELECT pgqueue.pgq_send($1, $2)", &[&q, &payload]).unwrap().get(0)
 }
 
 /// (msg_id, claim_token, attempt) of each claimed message.
 fn claim(c: &mut Client, q: &str, qty: i32) -> Vec<(i64, Uuid, i32)> {
-    c.query(
-        "SELECT msg_id, claim_token, attempt FROM pgqueue.pgq_claim($1, $2)",
-        &[&q, &qty],
-    )
-    .unwrap()
-    .iter()
-    .map(|r| (r.get(0), r.get(1), r.get(2)))
-    .collect()
+    c.query("SELECT msg_id, claim_token, attempt FROM pgqueue.pgq_claim($1, $2)", &[&q, &qty])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
 }
 
 fn count(c: &mut Client, sql: &str, q: &str) -> i64 {
@@ -39,32 +30,22 @@ fn count(c: &mut Client, sql: &str, q: &str) -> i64 {
 }
 
 fn state_of(c: &mut Client, id: i64) -> Option<String> {
-    c.query_opt(
-        "SELECT state FROM pgqueue.messages WHERE msg_id = $1",
-        &[&id],
-    )
-    .unwrap()
-    .map(|r| r.get(0))
+    c.query_opt("SELECT state FROM pgqueue.messages WHERE msg_id = $1", &[&id]).unwrap().map(|r| r.get(0))
 }
 
 fn outcome_of(c: &mut Client, id: i64) -> Option<String> {
-    c.query_opt(
-        "SELECT outcome FROM pgqueue.history WHERE msg_id = $1",
-        &[&id],
-    )
-    .unwrap()
-    .map(|r| r.get(0))
+    c.query_opt("SELECT outcome FROM pgqueue.history WHERE msg_id = $1", &[&id]).unwrap().map(|r| r.get(0))
 }
 
 #[test]
 fn create_and_drop_queues() {
     let mut c = connect();
-    let q = new_queue(
-        &mut c,
-        ", lease => '30 s', max_attempts => 3, retention => '1 day'",
-    );
+    let q = new_queue(&mut c, ", lease => '30 s', max_attempts => 3, retention => '1 day'");
     let row = c
-        .query_one("SELECT lease::text, max_attempts, retention::text, paused FROM pgqueue.queues WHERE queue = $1", &[&q])
+        .query_one(
+            "SELECT lease::text, max_attempts, retention::text, paused FROM pgqueue.queues WHERE queue = $1",
+            &[&q],
+        )
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "00:00:30");
     assert_eq!(row.get::<_, i32>(1), 3);
@@ -72,84 +53,38 @@ fn create_and_drop_queues() {
     assert!(!row.get::<_, bool>(3));
     // Its history partitions exist: the queue's own, a default and today's.
     let parts: i64 = c
-        .query_one("SELECT count(*) FROM pg_inherits WHERE inhparent = format('pgqueue.%I', 'history_' || $1::text)::regclass", &[&q])
+        .query_one(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = format('pgqueue.%I', 'history_' || $1::text)::regclass",
+            &[&q],
+        )
         .unwrap()
         .get(0);
     assert!(parts >= 2, "default and day partitions, got {parts}");
 
-    assert_eq!(
-        sqlstate(c.execute(&format!("SELECT pgqueue.pgq_create_queue('{q}')"), &[])),
-        "42710"
-    );
-    c.execute(
-        &format!("SELECT pgqueue.pgq_create_queue('{q}', if_not_exists => true)"),
-        &[],
-    )
-    .unwrap();
+    assert_eq!(sqlstate(c.execute(&format!("SELECT pgqueue.pgq_create_queue('{q}')"), &[])), "42710");
+    c.execute(&format!("SELECT pgqueue.pgq_create_queue('{q}', if_not_exists => true)"), &[]).unwrap();
 
-    c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q])
-        .unwrap();
-    assert_eq!(
-        count(
-            &mut c,
-            "SELECT count(*) FROM pgqueue.queues WHERE queue = $1",
-            &q
-        ),
-        0
-    );
-    assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q])),
-        "42704"
-    );
+    c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q]).unwrap();
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.queues WHERE queue = $1", &q), 0);
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q])), "42704");
 }
 
 #[test]
 fn queue_names_are_validated() {
     let mut c = connect();
     let long = "a".repeat(41);
-    for bad in [
-        "",
-        "A",
-        "1abc",
-        "a-b",
-        "a b",
-        "a;drop table pgqueue.queues",
-        "a'b",
-        "é",
-        long.as_str(),
-    ] {
-        assert_eq!(
-            sqlstate(c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&bad])),
-            "22023",
-            "name {bad:?}"
-        );
+    for bad in ["", "A", "1abc", "a-b", "a b", "a;drop table pgqueue.queues", "a'b", "é", long.as_str()] {
+        assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&bad])), "22023", "name {bad:?}");
     }
-    assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_create_queue(NULL)", &[])),
-        "22004"
-    );
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_create_queue(NULL)", &[])), "22004");
     // Unknown but well-formed names are 42704 everywhere; malformed ones 22023.
-    assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_send('no_such_queue', '{}')", &[])),
-        "42704"
-    );
-    assert_eq!(
-        sqlstate(c.execute("SELECT * FROM pgqueue.pgq_claim('no_such_queue')", &[])),
-        "42704"
-    );
-    assert_eq!(
-        sqlstate(c.execute("SELECT * FROM pgqueue.pgq_claim('Bad Name')", &[])),
-        "22023"
-    );
-    assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_redrive('no_such_queue')", &[])),
-        "42704"
-    );
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send('no_such_queue', '{}')", &[])), "42704");
+    assert_eq!(sqlstate(c.execute("SELECT * FROM pgqueue.pgq_claim('no_such_queue')", &[])), "42704");
+    assert_eq!(sqlstate(c.execute("SELECT * FROM pgqueue.pgq_claim('Bad Name')", &[])), "22023");
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_redrive('no_such_queue')", &[])), "42704");
     let max = "a".repeat(40);
-    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&max])
-        .unwrap();
-    c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&max])
-        .unwrap();
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&max]).unwrap();
+    c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&max]).unwrap();
 }
 
 #[test]
@@ -165,33 +100,16 @@ fn create_queue_rejects_bad_settings() {
     ] {
         let q = unique_queue("bad");
         assert_eq!(
-            sqlstate(c.execute(
-                &format!("SELECT pgqueue.pgq_create_queue('{q}', {args})"),
-                &[]
-            )),
+            sqlstate(c.execute(&format!("SELECT pgqueue.pgq_create_queue('{q}', {args})"), &[])),
             "22023",
             "{args}"
         );
-        assert_eq!(
-            count(
-                &mut c,
-                "SELECT count(*) FROM pgqueue.queues WHERE queue = $1",
-                &q
-            ),
-            0
-        );
+        assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.queues WHERE queue = $1", &q), 0);
     }
-    for args in [
-        "lease => NULL",
-        "max_attempts => NULL",
-        "if_not_exists => NULL",
-    ] {
+    for args in ["lease => NULL", "max_attempts => NULL", "if_not_exists => NULL"] {
         let q = unique_queue("bad");
         assert_eq!(
-            sqlstate(c.execute(
-                &format!("SELECT pgqueue.pgq_create_queue('{q}', {args})"),
-                &[]
-            )),
+            sqlstate(c.execute(&format!("SELECT pgqueue.pgq_create_queue('{q}', {args})"), &[])),
             "22004",
             "{args}"
         );
@@ -202,13 +120,8 @@ fn create_queue_rejects_bad_settings() {
 fn send_claim_ack() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    let id: i64 = c
-        .query_one(
-            "SELECT pgqueue.pgq_send($1, '{\"n\":1}', headers => '{\"h\":\"v\"}')",
-            &[&q],
-        )
-        .unwrap()
-        .get(0);
+    let id: i64 =
+        c.query_one("SELECT pgqueue.pgq_send($1, '{\"n\":1}', headers => '{\"h\":\"v\"}')", &[&q]).unwrap().get(0);
     let row = c
         .query_one(
             "SELECT msg_id, claim_token, attempt, priority, payload, headers, enqueued_at <= now(),
@@ -226,37 +139,15 @@ fn send_claim_ack() {
     assert!(row.get::<_, bool>(6));
     assert!(row.get::<_, bool>(7), "default lease is the queue's 120 s");
     assert_eq!(state_of(&mut c, id).as_deref(), Some("claimed"));
-    assert!(
-        claim(&mut c, &q, 1).is_empty(),
-        "a claimed message is not claimable"
-    );
+    assert!(claim(&mut c, &q, 1).is_empty(), "a claimed message is not claimable");
 
-    let acked: bool = c
-        .query_one(
-            "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)",
-            &[&id, &token],
-        )
-        .unwrap()
-        .get(0);
+    let acked: bool = c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
     assert!(acked);
     assert_eq!(state_of(&mut c, id), None);
     assert_eq!(outcome_of(&mut c, id).as_deref(), Some("completed"));
-    let again: bool = c
-        .query_one(
-            "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)",
-            &[&id, &token],
-        )
-        .unwrap()
-        .get(0);
+    let again: bool = c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
     assert!(!again, "a second ack changes nothing");
-    assert_eq!(
-        count(
-            &mut c,
-            "SELECT count(*) FROM pgqueue.history WHERE queue = $1",
-            &q
-        ),
-        1
-    );
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.history WHERE queue = $1", &q), 1);
 }
 
 #[test]
@@ -265,28 +156,12 @@ fn priority_then_fifo() {
     let q = new_queue(&mut c, "");
     let mut ids = vec![];
     for p in [0i16, 5, 0, -3, 5] {
-        ids.push(
-            c.query_one(
-                "SELECT pgqueue.pgq_send($1, '{}', priority => $2)",
-                &[&q, &p],
-            )
-            .unwrap()
-            .get::<_, i64>(0),
-        );
+        ids.push(c.query_one("SELECT pgqueue.pgq_send($1, '{}', priority => $2)", &[&q, &p]).unwrap().get::<_, i64>(0));
     }
-    let got: Vec<i64> = claim(&mut c, &q, 10)
-        .into_iter()
-        .map(|(id, ..)| id)
-        .collect();
+    let got: Vec<i64> = claim(&mut c, &q, 10).into_iter().map(|(id, ..)| id).collect();
     assert_eq!(got, vec![ids[1], ids[4], ids[0], ids[2], ids[3]]);
     for p in [-1001i16, 1001] {
-        assert_eq!(
-            sqlstate(c.execute(
-                "SELECT pgqueue.pgq_send($1, '{}', priority => $2)",
-                &[&q, &p]
-            )),
-            "22023"
-        );
+        assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send($1, '{}', priority => $2)", &[&q, &p])), "22023");
     }
 }
 
@@ -299,30 +174,14 @@ fn claim_arguments() {
         ("SELECT * FROM pgqueue.pgq_claim($1, 0)", "22023"),
         ("SELECT * FROM pgqueue.pgq_claim($1, 1001)", "22023"),
         ("SELECT * FROM pgqueue.pgq_claim($1, NULL)", "22004"),
-        (
-            "SELECT * FROM pgqueue.pgq_claim($1, lease => '0 s')",
-            "22023",
-        ),
-        (
-            "SELECT * FROM pgqueue.pgq_claim($1, lease => '25 hours')",
-            "22023",
-        ),
+        ("SELECT * FROM pgqueue.pgq_claim($1, lease => '0 s')", "22023"),
+        ("SELECT * FROM pgqueue.pgq_claim($1, lease => '25 hours')", "22023"),
     ] {
         assert_eq!(sqlstate(c.execute(sql, &[&q])), code, "{sql}");
     }
-    assert_eq!(
-        count(
-            &mut c,
-            "SELECT count(*) FROM pgqueue.messages WHERE queue = $1 AND state = 'ready'",
-            &q
-        ),
-        1
-    );
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1 AND state = 'ready'", &q), 1);
     let ok: bool = c
-        .query_one(
-            "SELECT lease_expires_at - now() < '11 s' FROM pgqueue.pgq_claim($1, lease => '10 s')",
-            &[&q],
-        )
+        .query_one("SELECT lease_expires_at - now() < '11 s' FROM pgqueue.pgq_claim($1, lease => '10 s')", &[&q])
         .unwrap()
         .get(0);
     assert!(ok, "an explicit lease overrides the queue's");
@@ -334,43 +193,20 @@ fn send_batch() {
     let q = new_queue(&mut c, "");
     let payloads = vec![json!({"i": 0}), json!({"i": 1}), json!({"i": 2})];
     let ids: Vec<i64> = c
-        .query(
-            "SELECT * FROM pgqueue.pgq_send_batch($1, $2)",
-            &[&q, &payloads],
-        )
+        .query("SELECT * FROM pgqueue.pgq_send_batch($1, $2)", &[&q, &payloads])
         .unwrap()
         .iter()
         .map(|r| r.get(0))
         .collect();
     assert_eq!(ids.len(), 3);
-    assert!(
-        ids.windows(2).all(|w| w[0] < w[1]),
-        "ids follow the array's order"
-    );
-    let got: Vec<serde_json::Value> = c
-        .query("SELECT payload FROM pgqueue.pgq_claim($1, 10)", &[&q])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids follow the array's order");
+    let got: Vec<serde_json::Value> =
+        c.query("SELECT payload FROM pgqueue.pgq_claim($1, 10)", &[&q]).unwrap().iter().map(|r| r.get(0)).collect();
     assert_eq!(got, payloads);
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send_batch($1, NULL)", &[&q])), "22004");
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send_batch($1, ARRAY['{}', NULL]::jsonb[])", &[&q])), "22004");
     assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_send_batch($1, NULL)", &[&q])),
-        "22004"
-    );
-    assert_eq!(
-        sqlstate(c.execute(
-            "SELECT pgqueue.pgq_send_batch($1, ARRAY['{}', NULL]::jsonb[])",
-            &[&q]
-        )),
-        "22004"
-    );
-    assert_eq!(
-        count(
-            &mut c,
-            "SELECT count(*) FROM pgqueue.messages WHERE queue = $1",
-            &q
-        ),
+        count(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1", &q),
         3,
         "failed batches add nothing"
     );
@@ -380,65 +216,33 @@ fn send_batch() {
 fn payload_limit() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    c.batch_execute("SET pgqueue.max_payload_bytes = 200")
-        .unwrap();
+    c.batch_execute("SET pgqueue.max_payload_bytes = 200").unwrap();
     let big = json!({"blob": "x".repeat(300)});
-    assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_send($1, $2)", &[&q, &big])),
-        "54000"
-    );
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send($1, $2)", &[&q, &big])), "54000");
     let batch = vec![json!(1), big.clone()];
-    assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_send_batch($1, $2)", &[&q, &batch])),
-        "54000"
-    );
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send_batch($1, $2)", &[&q, &batch])), "54000");
     send(&mut c, &q, json!({"small": true}));
-    assert_eq!(
-        count(
-            &mut c,
-            "SELECT count(*) FROM pgqueue.messages WHERE queue = $1",
-            &q
-        ),
-        1
-    );
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1", &q), 1);
     c.batch_execute("RESET pgqueue.max_payload_bytes").unwrap();
     send(&mut c, &q, big);
-    assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_send($1, NULL)", &[&q])),
-        "22004"
-    );
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send($1, NULL)", &[&q])), "22004");
 }
 
 #[test]
 fn delayed_messages_become_claimable_without_the_worker() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    let later: i64 = c
-        .query_one("SELECT pgqueue.pgq_send($1, '1', delay => '1 hour')", &[&q])
-        .unwrap()
-        .get(0);
-    let soon: i64 = c
-        .query_one("SELECT pgqueue.pgq_send($1, '2', delay => '300 ms')", &[&q])
-        .unwrap()
-        .get(0);
+    let later: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '1', delay => '1 hour')", &[&q]).unwrap().get(0);
+    let soon: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '2', delay => '300 ms')", &[&q]).unwrap().get(0);
     assert_eq!(state_of(&mut c, later).as_deref(), Some("delayed"));
     assert!(claim(&mut c, &q, 10).is_empty(), "nothing is due yet");
     std::thread::sleep(Duration::from_millis(400));
     // Claimed even if the worker never ran: the claim promotes due messages itself.
-    let got: Vec<i64> = claim(&mut c, &q, 10)
-        .into_iter()
-        .map(|(id, ..)| id)
-        .collect();
+    let got: Vec<i64> = claim(&mut c, &q, 10).into_iter().map(|(id, ..)| id).collect();
     assert_eq!(got, vec![soon]);
     assert_eq!(state_of(&mut c, later).as_deref(), Some("delayed"));
-    assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_send($1, '1', delay => '-1 s')", &[&q])),
-        "22023"
-    );
-    assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_send($1, '1', delay => NULL)", &[&q])),
-        "22004"
-    );
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send($1, '1', delay => '-1 s')", &[&q])), "22023");
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send($1, '1', delay => NULL)", &[&q])), "22004");
 }
 
 #[test]
@@ -446,12 +250,10 @@ fn paused_queue_yields_nothing() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
     send(&mut c, &q, json!(1));
-    c.execute("SELECT pgqueue.pgq_pause_queue($1)", &[&q])
-        .unwrap();
+    c.execute("SELECT pgqueue.pgq_pause_queue($1)", &[&q]).unwrap();
     assert!(claim(&mut c, &q, 1).is_empty());
     send(&mut c, &q, json!(2)); // producers are not stopped by a pause
-    c.execute("SELECT pgqueue.pgq_resume_queue($1)", &[&q])
-        .unwrap();
+    c.execute("SELECT pgqueue.pgq_resume_queue($1)", &[&q]).unwrap();
     assert_eq!(claim(&mut c, &q, 10).len(), 2);
 }
 
@@ -463,45 +265,25 @@ fn renew_extends_only_held_claims() {
     send(&mut c, &q, json!(2));
     let held = claim(&mut c, &q, 2);
     let (id, token, _) = held[0];
-    let renewed: bool = c
-        .query_one(
-            "SELECT pgqueue.pgq_renew($1::bigint, $2::uuid, '1 hour')",
-            &[&id, &token],
-        )
-        .unwrap()
-        .get(0);
+    let renewed: bool =
+        c.query_one("SELECT pgqueue.pgq_renew($1::bigint, $2::uuid, '1 hour')", &[&id, &token]).unwrap().get(0);
     assert!(renewed);
     let longer: bool = c
-        .query_one(
-            "SELECT lease_expires_at - now() > '59 min' FROM pgqueue.messages WHERE msg_id = $1",
-            &[&id],
-        )
+        .query_one("SELECT lease_expires_at - now() > '59 min' FROM pgqueue.messages WHERE msg_id = $1", &[&id])
         .unwrap()
         .get(0);
     assert!(longer);
     let wrong = Uuid::new_v4();
-    let renewed: bool = c
-        .query_one(
-            "SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)",
-            &[&id, &wrong],
-        )
-        .unwrap()
-        .get(0);
+    let renewed: bool = c.query_one("SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)", &[&id, &wrong]).unwrap().get(0);
     assert!(!renewed, "a wrong token renews nothing");
-    let renewed: bool = c
-        .query_one("SELECT pgqueue.pgq_renew(-1, $1)", &[&wrong])
-        .unwrap()
-        .get(0);
+    let renewed: bool = c.query_one("SELECT pgqueue.pgq_renew(-1, $1)", &[&wrong]).unwrap().get(0);
     assert!(!renewed, "an unknown message renews nothing");
 
     // Batch: the whole unfinished batch, minus what is no longer held.
     let ids: Vec<i64> = held.iter().map(|h| h.0).collect();
     let mut tokens: Vec<Uuid> = held.iter().map(|h| h.1).collect();
     let got: Vec<i64> = c
-        .query(
-            "SELECT * FROM pgqueue.pgq_renew($1::bigint[], $2::uuid[]) ORDER BY 1",
-            &[&ids, &tokens],
-        )
+        .query("SELECT * FROM pgqueue.pgq_renew($1::bigint[], $2::uuid[]) ORDER BY 1", &[&ids, &tokens])
         .unwrap()
         .iter()
         .map(|r| r.get(0))
@@ -509,41 +291,17 @@ fn renew_extends_only_held_claims() {
     assert_eq!(got, ids);
     tokens[1] = wrong;
     let got: Vec<i64> = c
-        .query(
-            "SELECT * FROM pgqueue.pgq_renew($1::bigint[], $2::uuid[])",
-            &[&ids, &tokens],
-        )
+        .query("SELECT * FROM pgqueue.pgq_renew($1::bigint[], $2::uuid[])", &[&ids, &tokens])
         .unwrap()
         .iter()
         .map(|r| r.get(0))
         .collect();
     assert_eq!(got, vec![ids[0]]);
     let short = vec![ids[0]];
-    assert_eq!(
-        sqlstate(c.execute(
-            "SELECT pgqueue.pgq_renew($1::bigint[], $2::uuid[])",
-            &[&short, &tokens]
-        )),
-        "22023"
-    );
-    assert_eq!(
-        sqlstate(c.execute(
-            "SELECT pgqueue.pgq_renew($1::bigint[], NULL::uuid[])",
-            &[&ids]
-        )),
-        "22004"
-    );
-    assert_eq!(
-        sqlstate(c.execute(
-            "SELECT pgqueue.pgq_renew($1::bigint, $2::uuid, '0 s')",
-            &[&id, &token]
-        )),
-        "22023"
-    );
-    assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_renew(NULL::bigint, $1)", &[&token])),
-        "22004"
-    );
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_renew($1::bigint[], $2::uuid[])", &[&short, &tokens])), "22023");
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_renew($1::bigint[], NULL::uuid[])", &[&ids])), "22004");
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_renew($1::bigint, $2::uuid, '0 s')", &[&id, &token])), "22023");
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_renew(NULL::bigint, $1)", &[&token])), "22004");
 }
 
 #[test]
@@ -558,10 +316,7 @@ fn batch_ack() {
     let mut tokens: Vec<Uuid> = held.iter().map(|h| h.1).collect();
     tokens[2] = Uuid::new_v4();
     let acked: Vec<i64> = c
-        .query(
-            "SELECT * FROM pgqueue.pgq_ack($1::bigint[], $2::uuid[])",
-            &[&ids, &tokens],
-        )
+        .query("SELECT * FROM pgqueue.pgq_ack($1::bigint[], $2::uuid[])", &[&ids, &tokens])
         .unwrap()
         .iter()
         .map(|r| r.get(0))
@@ -569,13 +324,7 @@ fn batch_ack() {
     assert_eq!(acked, vec![ids[0], ids[1], ids[3], ids[4]]);
     assert_eq!(state_of(&mut c, ids[2]).as_deref(), Some("claimed"));
     let short = vec![ids[0]];
-    assert_eq!(
-        sqlstate(c.execute(
-            "SELECT pgqueue.pgq_ack($1::bigint[], $2::uuid[])",
-            &[&short, &tokens]
-        )),
-        "22023"
-    );
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_ack($1::bigint[], $2::uuid[])", &[&short, &tokens])), "22023");
 }
 
 #[test]
@@ -587,24 +336,17 @@ fn nack_retries_then_dead_letters() {
     let (_, token, attempt) = claim(&mut c, &q, 1)[0];
     assert_eq!(attempt, 1);
     let ok: bool = c
-        .query_one(
-            "SELECT pgqueue.pgq_nack($1, $2, retry_in => '0 s', error => 'boom')",
-            &[&id, &token],
-        )
+        .query_one("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0 s', error => 'boom')", &[&id, &token])
         .unwrap()
         .get(0);
     assert!(ok);
     assert_eq!(state_of(&mut c, id).as_deref(), Some("ready"));
-    let stale: bool = c
-        .query_one("SELECT pgqueue.pgq_nack($1, $2)", &[&id, &token])
-        .unwrap()
-        .get(0);
+    let stale: bool = c.query_one("SELECT pgqueue.pgq_nack($1, $2)", &[&id, &token]).unwrap().get(0);
     assert!(!stale, "a nacked claim's token is spent");
     // Default: exponential backoff, so the message waits (delayed) before the next try.
     let (_, token, attempt) = claim(&mut c, &q, 1)[0];
     assert_eq!(attempt, 2);
-    c.execute("SELECT pgqueue.pgq_nack($1, $2)", &[&id, &token])
-        .unwrap();
+    c.execute("SELECT pgqueue.pgq_nack($1, $2)", &[&id, &token]).unwrap();
     let row = c
         .query_one("SELECT state, visible_at - now() BETWEEN '1 s' AND '3 s', last_error FROM pgqueue.messages WHERE msg_id = $1", &[&id])
         .unwrap();
@@ -612,33 +354,16 @@ fn nack_retries_then_dead_letters() {
     assert!(row.get::<_, bool>(1), "second attempt backs off ~2 s");
     assert_eq!(row.get::<_, String>(2), "boom", "the last error is kept");
     // Make it due now, claim the last attempt, nack: dead letter.
-    c.execute(
-        "UPDATE pgqueue.messages SET visible_at = now() WHERE msg_id = $1",
-        &[&id],
-    )
-    .unwrap();
+    c.execute("UPDATE pgqueue.messages SET visible_at = now() WHERE msg_id = $1", &[&id]).unwrap();
     let (_, token, attempt) = claim(&mut c, &q, 1)[0];
     assert_eq!(attempt, 3);
-    c.execute(
-        "SELECT pgqueue.pgq_nack($1, $2, error => 'final')",
-        &[&id, &token],
-    )
-    .unwrap();
+    c.execute("SELECT pgqueue.pgq_nack($1, $2, error => 'final')", &[&id, &token]).unwrap();
     assert_eq!(state_of(&mut c, id), None);
     assert_eq!(outcome_of(&mut c, id).as_deref(), Some("dead"));
-    assert_eq!(
-        sqlstate(c.execute(
-            "SELECT pgqueue.pgq_nack($1, $2, retry_in => '-1 s')",
-            &[&id, &token]
-        )),
-        "22023"
-    );
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '-1 s')", &[&id, &token])), "22023");
 
     // Redrive brings it back with a fresh attempt count.
-    let n: i64 = c
-        .query_one("SELECT pgqueue.pgq_redrive($1)", &[&q])
-        .unwrap()
-        .get(0);
+    let n: i64 = c.query_one("SELECT pgqueue.pgq_redrive($1)", &[&q]).unwrap().get(0);
     assert_eq!(n, 1);
     assert_eq!(outcome_of(&mut c, id), None);
     let (got, _, attempt) = claim(&mut c, &q, 1)[0];
@@ -652,43 +377,16 @@ fn fail_dead_letters_now_and_redrive_by_id() {
     let a = send(&mut c, &q, json!("a"));
     let b = send(&mut c, &q, json!("b"));
     for (id, token, _) in claim(&mut c, &q, 2) {
-        let ok: bool = c
-            .query_one(
-                "SELECT pgqueue.pgq_fail($1, $2, 'bad input')",
-                &[&id, &token],
-            )
-            .unwrap()
-            .get(0);
+        let ok: bool = c.query_one("SELECT pgqueue.pgq_fail($1, $2, 'bad input')", &[&id, &token]).unwrap().get(0);
         assert!(ok);
-        let again: bool = c
-            .query_one("SELECT pgqueue.pgq_fail($1, $2)", &[&id, &token])
-            .unwrap()
-            .get(0);
+        let again: bool = c.query_one("SELECT pgqueue.pgq_fail($1, $2)", &[&id, &token]).unwrap().get(0);
         assert!(!again);
     }
-    let err: String = c
-        .query_one(
-            "SELECT last_error FROM pgqueue.history WHERE msg_id = $1",
-            &[&a],
-        )
-        .unwrap()
-        .get(0);
+    let err: String = c.query_one("SELECT last_error FROM pgqueue.history WHERE msg_id = $1", &[&a]).unwrap().get(0);
     assert_eq!(err, "bad input");
-    let dead: i64 = c
-        .query_one(
-            "SELECT dead FROM pgqueue.queue_stats WHERE queue = $1",
-            &[&q],
-        )
-        .unwrap()
-        .get(0);
+    let dead: i64 = c.query_one("SELECT dead FROM pgqueue.queue_stats WHERE queue = $1", &[&q]).unwrap().get(0);
     assert_eq!(dead, 2);
-    let n: i64 = c
-        .query_one(
-            "SELECT pgqueue.pgq_redrive($1, ARRAY[$2::bigint])",
-            &[&q, &b],
-        )
-        .unwrap()
-        .get(0);
+    let n: i64 = c.query_one("SELECT pgqueue.pgq_redrive($1, ARRAY[$2::bigint])", &[&q, &b]).unwrap().get(0);
     assert_eq!(n, 1);
     assert_eq!(state_of(&mut c, b).as_deref(), Some("ready"));
     assert_eq!(outcome_of(&mut c, a).as_deref(), Some("dead"));
@@ -700,36 +398,12 @@ fn drop_queue_refuses_while_claimed() {
     let q = new_queue(&mut c, "");
     send(&mut c, &q, json!(1));
     claim(&mut c, &q, 1);
-    assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q])),
-        "55006"
-    );
-    assert_eq!(
-        count(
-            &mut c,
-            "SELECT count(*) FROM pgqueue.messages WHERE queue = $1",
-            &q
-        ),
-        1,
-        "nothing changed"
-    );
-    c.execute("SELECT pgqueue.pgq_drop_queue($1, force => true)", &[&q])
-        .unwrap();
-    assert_eq!(
-        count(
-            &mut c,
-            "SELECT count(*) FROM pgqueue.messages WHERE queue = $1",
-            &q
-        ),
-        0
-    );
-    let part: Option<String> = c
-        .query_one(
-            "SELECT to_regclass(format('pgqueue.%I', 'history_' || $1::text))::text",
-            &[&q],
-        )
-        .unwrap()
-        .get(0);
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q])), "55006");
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1", &q), 1, "nothing changed");
+    c.execute("SELECT pgqueue.pgq_drop_queue($1, force => true)", &[&q]).unwrap();
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1", &q), 0);
+    let part: Option<String> =
+        c.query_one("SELECT to_regclass(format('pgqueue.%I', 'history_' || $1::text))::text", &[&q]).unwrap().get(0);
     assert_eq!(part, None, "the queue's history goes with it");
 }
 
@@ -740,13 +414,8 @@ fn queue_stats() {
     for _ in 0..3 {
         send(&mut c, &q, json!(1));
     }
-    c.execute("SELECT pgqueue.pgq_send($1, '1', delay => '1 hour')", &[&q])
-        .unwrap();
-    c.execute(
-        "SELECT * FROM pgqueue.pgq_claim($1, lease => '1 ms')",
-        &[&q],
-    )
-    .unwrap();
+    c.execute("SELECT pgqueue.pgq_send($1, '1', delay => '1 hour')", &[&q]).unwrap();
+    c.execute("SELECT * FROM pgqueue.pgq_claim($1, lease => '1 ms')", &[&q]).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     let row = c
         .query_one(
@@ -757,13 +426,7 @@ fn queue_stats() {
         )
         .unwrap();
     assert_eq!(
-        (
-            row.get::<_, i64>(0),
-            row.get::<_, i64>(1),
-            row.get::<_, i64>(2),
-            row.get::<_, i64>(3),
-            row.get::<_, i64>(4)
-        ),
+        (row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2), row.get::<_, i64>(3), row.get::<_, i64>(4)),
         (2, 1, 1, 1, 0)
     );
     assert!(row.get::<_, bool>(5) && row.get::<_, bool>(6));
@@ -782,8 +445,7 @@ fn roles_get_only_their_part() {
     assert!(!public_exec);
 
     let user = unique_queue("someone");
-    c.batch_execute(&format!("CREATE ROLE {user} LOGIN"))
-        .unwrap();
+    c.batch_execute(&format!("CREATE ROLE {user} LOGIN")).unwrap();
     let as_role = |c: &mut Client, role: &str, sql: &str| -> Result<u64, postgres::Error> {
         c.batch_execute(&format!("GRANT {role} TO {user}; SET ROLE {user}"))?;
         let r = c.execute(sql, &[]);
@@ -799,20 +461,12 @@ fn roles_get_only_their_part() {
 
     as_role(&mut c, "pgqueue_producer", &send_sql).unwrap();
     for sql in [&claim_sql, &ack_sql, &drop_sql, table_sql] {
-        assert_eq!(
-            sqlstate(as_role(&mut c, "pgqueue_producer", sql)),
-            "42501",
-            "producer: {sql}"
-        );
+        assert_eq!(sqlstate(as_role(&mut c, "pgqueue_producer", sql)), "42501", "producer: {sql}");
     }
     as_role(&mut c, "pgqueue_consumer", &claim_sql).unwrap();
     as_role(&mut c, "pgqueue_consumer", &ack_sql).unwrap();
     for sql in [&send_sql, &drop_sql, &redrive_sql, table_sql] {
-        assert_eq!(
-            sqlstate(as_role(&mut c, "pgqueue_consumer", sql)),
-            "42501",
-            "consumer: {sql}"
-        );
+        assert_eq!(sqlstate(as_role(&mut c, "pgqueue_consumer", sql)), "42501", "consumer: {sql}");
     }
     as_role(&mut c, "pgqueue_admin", &redrive_sql).unwrap();
     as_role(&mut c, "pgqueue_admin", &send_sql).unwrap();
@@ -827,61 +481,42 @@ fn transactions() {
     let q = new_queue(&mut c, "");
     // A rolled-back send is never seen.
     let mut tx = c.transaction().unwrap();
-    tx.execute("SELECT pgqueue.pgq_send($1, '1')", &[&q])
-        .unwrap();
+    tx.execute("SELECT pgqueue.pgq_send($1, '1')", &[&q]).unwrap();
     tx.rollback().unwrap();
     assert!(claim(&mut c, &q, 10).is_empty());
 
     // A send is invisible to other sessions until commit.
     let mut other = connect();
     let mut tx = c.transaction().unwrap();
-    tx.execute("SELECT pgqueue.pgq_send($1, '2')", &[&q])
-        .unwrap();
+    tx.execute("SELECT pgqueue.pgq_send($1, '2')", &[&q]).unwrap();
     assert!(claim(&mut other, &q, 10).is_empty());
     tx.commit().unwrap();
     let got = claim(&mut other, &q, 10);
     assert_eq!(got.len(), 1);
-    c.execute(
-        "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)",
-        &[&got[0].0, &got[0].1],
-    )
-    .unwrap();
+    c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&got[0].0, &got[0].1]).unwrap();
 
     // A rolled-back claim leaves the message claimable.
     let id = send(&mut c, &q, json!(3));
     let mut tx = c.transaction().unwrap();
-    let n = tx
-        .query("SELECT * FROM pgqueue.pgq_claim($1)", &[&q])
-        .unwrap()
-        .len();
+    let n = tx.query("SELECT * FROM pgqueue.pgq_claim($1)", &[&q]).unwrap().len();
     assert_eq!(n, 1);
     tx.rollback().unwrap();
     assert_eq!(claim(&mut c, &q, 10)[0].0, id);
 
     // Send plus a business write commit or vanish together.
     let orders = unique_queue("orders");
-    c.batch_execute(&format!("CREATE TABLE {orders} (id int)"))
-        .unwrap();
+    c.batch_execute(&format!("CREATE TABLE {orders} (id int)")).unwrap();
     for commit in [false, true] {
         let mut tx = c.transaction().unwrap();
-        tx.execute(&format!("INSERT INTO {orders} VALUES (1)"), &[])
-            .unwrap();
-        tx.execute("SELECT pgqueue.pgq_send($1, '{\"order\": 1}')", &[&q])
-            .unwrap();
+        tx.execute(&format!("INSERT INTO {orders} VALUES (1)"), &[]).unwrap();
+        tx.execute("SELECT pgqueue.pgq_send($1, '{\"order\": 1}')", &[&q]).unwrap();
         if commit {
             tx.commit().unwrap()
         } else {
             tx.rollback().unwrap()
         }
-        let rows: i64 = c
-            .query_one(&format!("SELECT count(*) FROM {orders}"), &[])
-            .unwrap()
-            .get(0);
-        let msgs = count(
-            &mut c,
-            "SELECT count(*) FROM pgqueue.messages WHERE queue = $1 AND state = 'ready'",
-            &q,
-        );
+        let rows: i64 = c.query_one(&format!("SELECT count(*) FROM {orders}"), &[]).unwrap().get(0);
+        let msgs = count(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1 AND state = 'ready'", &q);
         assert_eq!((rows, msgs), if commit { (1, 1) } else { (0, 0) });
     }
 }
@@ -895,20 +530,12 @@ fn state_list_matches_the_check_constraint() {
         .query_one("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'messages_state_check'", &[])
         .unwrap()
         .get(0);
-    let mut allowed: Vec<String> = def
-        .split('\'')
-        .skip(1)
-        .step_by(2)
-        .map(String::from)
-        .collect();
+    let mut allowed: Vec<String> = def.split('\'').skip(1).step_by(2).map(String::from).collect();
     allowed.sort();
     assert_eq!(allowed, code_states);
     // Every state literal in the installed SQL functions is one of them.
     let bodies: Vec<String> = c
-        .query(
-            "SELECT prosrc FROM pg_proc WHERE pronamespace = 'pgqueue'::regnamespace",
-            &[],
-        )
+        .query("SELECT prosrc FROM pg_proc WHERE pronamespace = 'pgqueue'::regnamespace", &[])
         .unwrap()
         .iter()
         .map(|r| r.get(0))
@@ -921,9 +548,6 @@ fn state_list_matches_the_check_constraint() {
     }
     let q = new_queue(&mut c, "");
     let id = send(&mut c, &q, json!(1));
-    let bad = c.execute(
-        "UPDATE pgqueue.messages SET state = 'done' WHERE msg_id = $1",
-        &[&id],
-    );
+    let bad = c.execute("UPDATE pgqueue.messages SET state = 'done' WHERE msg_id = $1", &[&id]);
     assert_eq!(sqlstate(bad), "23514");
 }

@@ -11,34 +11,22 @@ use uuid::Uuid;
 
 fn new_queue(c: &mut Client, args: &str) -> String {
     let q = unique_queue("conc");
-    c.execute(
-        &format!("SELECT pgqueue.pgq_create_queue('{q}'{args})"),
-        &[],
-    )
-    .unwrap();
+    c.execute(&format!("SELECT pgqueue.pgq_create_queue('{q}'{args})"), &[]).unwrap();
     q
 }
 
 fn send_many(c: &mut Client, q: &str, n: usize, delay: &str) {
     for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
         let payloads: Vec<serde_json::Value> = chunk.iter().map(|i| json!({ "i": i })).collect();
-        c.execute(
-            &format!("SELECT pgqueue.pgq_send_batch($1, $2, delay => '{delay}')"),
-            &[&q, &payloads],
-        )
-        .unwrap();
+        c.execute(&format!("SELECT pgqueue.pgq_send_batch($1, $2, delay => '{delay}')"), &[&q, &payloads]).unwrap();
     }
 }
 
 fn claim_all(c: &mut Client, q: &str, lease: &str) -> Vec<(i64, Uuid)> {
     let mut held = vec![];
     loop {
-        let rows = c
-            .query(
-                &format!("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, 1000, '{lease}')"),
-                &[&q],
-            )
-            .unwrap();
+        let rows =
+            c.query(&format!("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, 1000, '{lease}')"), &[&q]).unwrap();
         if rows.is_empty() {
             return held;
         }
@@ -47,12 +35,7 @@ fn claim_all(c: &mut Client, q: &str, lease: &str) -> Vec<(i64, Uuid)> {
 }
 
 fn rearm(c: &mut Client, q: &str, max_rows: i32) -> (i64, i64) {
-    let row = c
-        .query_one(
-            "SELECT * FROM pgqueue.pgq_rearm($1, queue => $2)",
-            &[&max_rows, &q],
-        )
-        .unwrap();
+    let row = c.query_one("SELECT * FROM pgqueue.pgq_rearm($1, queue => $2)", &[&max_rows, &q]).unwrap();
     (row.get(0), row.get(1))
 }
 
@@ -76,7 +59,10 @@ fn sixteen_claimers_drain_ten_thousand_exactly_once() {
                 let qty = 1 + (w % 8) as i32; // a mix of single and batch claimers
                 loop {
                     let rows = c
-                        .query("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, $2, consumer => $3)", &[&q, &qty, &format!("w{w}")])
+                        .query(
+                            "SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, $2, consumer => $3)",
+                            &[&q, &qty, &format!("w{w}")],
+                        )
                         .unwrap();
                     if rows.is_empty() {
                         break;
@@ -101,29 +87,18 @@ fn sixteen_claimers_drain_ten_thousand_exactly_once() {
     let claimed = claimed.lock().unwrap();
     let acked = acked.lock().unwrap();
     let distinct: HashSet<_> = claimed.iter().collect();
-    assert_eq!(
-        claimed.len(),
-        MESSAGES,
-        "every message claimed once, none twice"
-    );
+    assert_eq!(claimed.len(), MESSAGES, "every message claimed once, none twice");
     assert_eq!(distinct.len(), MESSAGES);
     assert_eq!(acked.len(), MESSAGES, "every claim acked exactly once");
-    let left: i64 = c
+    let left: i64 = c.query_one("SELECT count(*) FROM pgqueue.messages WHERE queue = $1", &[&q]).unwrap().get(0);
+    let done: i64 = c
         .query_one(
-            "SELECT count(*) FROM pgqueue.messages WHERE queue = $1",
+            "SELECT count(DISTINCT msg_id) FROM pgqueue.history WHERE queue = $1 AND outcome = 'completed'",
             &[&q],
         )
         .unwrap()
         .get(0);
-    let done: i64 = c
-        .query_one("SELECT count(DISTINCT msg_id) FROM pgqueue.history WHERE queue = $1 AND outcome = 'completed'", &[&q])
-        .unwrap()
-        .get(0);
-    assert_eq!(
-        (left, done),
-        (0, MESSAGES as i64),
-        "nothing lost, nothing left behind"
-    );
+    assert_eq!((left, done), (0, MESSAGES as i64), "nothing lost, nothing left behind");
 }
 
 #[test]
@@ -157,15 +132,8 @@ fn four_rearmers_rearm_each_expired_claim_once_and_never_a_live_one() {
         })
         .collect();
     let total: i64 = sessions.into_iter().map(|s| s.join().unwrap()).sum();
-    assert_eq!(
-        total, 2000,
-        "each expired claim re-armed exactly once across 4 sessions"
-    );
-    assert_eq!(
-        rearm(&mut c, &q, 5000),
-        (0, 0),
-        "idempotent: nothing left to re-arm"
-    );
+    assert_eq!(total, 2000, "each expired claim re-armed exactly once across 4 sessions");
+    assert_eq!(rearm(&mut c, &q, 5000), (0, 0), "idempotent: nothing left to re-arm");
 
     let ids: Vec<i64> = live.iter().map(|h| h.0).collect();
     let tokens: Vec<Uuid> = live.iter().map(|h| h.1).collect();
@@ -189,8 +157,7 @@ fn four_rearmers_rearm_each_expired_claim_once_and_never_a_live_one() {
 fn a_stale_token_is_fenced_off_after_rearm_and_reclaim() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q])
-        .unwrap();
+    c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap();
     let old = claim_all(&mut c, &q, "20 ms")[0];
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(rearm(&mut c, &q, 10), (1, 0));
@@ -206,17 +173,8 @@ fn a_stale_token_is_fenced_off_after_rearm_and_reclaim() {
     .iter()
     .map(|sql| c.query_one(*sql, &[&old.0, &old.1]).unwrap().get(0))
     .collect();
-    assert_eq!(
-        stale, [false; 4],
-        "renew, ack, nack and fail all refuse the old token"
-    );
-    let ok: bool = c
-        .query_one(
-            "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)",
-            &[&new.0, &new.1],
-        )
-        .unwrap()
-        .get(0);
+    assert_eq!(stale, [false; 4], "renew, ack, nack and fail all refuse the old token");
+    let ok: bool = c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&new.0, &new.1]).unwrap().get(0);
     assert!(ok, "the current holder still acks");
 }
 
@@ -224,10 +182,7 @@ fn a_stale_token_is_fenced_off_after_rearm_and_reclaim() {
 fn poison_message_ends_in_dead_letter_and_redrive_brings_it_back() {
     let mut c = connect();
     let q = new_queue(&mut c, ", max_attempts => 3");
-    let id: i64 = c
-        .query_one("SELECT pgqueue.pgq_send($1, '{\"poison\": true}')", &[&q])
-        .unwrap()
-        .get(0);
+    let id: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{\"poison\": true}')", &[&q]).unwrap().get(0);
     for attempt in 1..=3 {
         let held = claim_all(&mut c, &q, "20 ms");
         assert_eq!(held.len(), 1, "attempt {attempt} claims it");
@@ -235,19 +190,10 @@ fn poison_message_ends_in_dead_letter_and_redrive_brings_it_back() {
         let expected = if attempt < 3 { (1, 0) } else { (0, 1) };
         assert_eq!(rearm(&mut c, &q, 10), expected, "attempt {attempt}");
     }
-    let outcome: String = c
-        .query_one(
-            "SELECT outcome FROM pgqueue.history WHERE msg_id = $1",
-            &[&id],
-        )
-        .unwrap()
-        .get(0);
+    let outcome: String = c.query_one("SELECT outcome FROM pgqueue.history WHERE msg_id = $1", &[&id]).unwrap().get(0);
     assert_eq!(outcome, "dead");
     assert!(claim_all(&mut c, &q, "1 s").is_empty());
-    let n: i64 = c
-        .query_one("SELECT pgqueue.pgq_redrive($1)", &[&q])
-        .unwrap()
-        .get(0);
+    let n: i64 = c.query_one("SELECT pgqueue.pgq_redrive($1)", &[&q]).unwrap().get(0);
     assert_eq!(n, 1);
     let back = claim_all(&mut c, &q, "1 hour");
     assert_eq!(back.len(), 1);

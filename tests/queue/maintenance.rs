@@ -9,16 +9,8 @@ use std::time::{Duration, Instant};
 /// one-day retention. Returns (queue, partition).
 fn queue_with_old_history(c: &mut Client, rows: i64) -> (String, String) {
     let q = unique_queue("prune");
-    c.execute(
-        "SELECT pgqueue.pgq_create_queue($1, retention => '1 day')",
-        &[&q],
-    )
-    .unwrap();
-    c.execute(
-        "SELECT pgqueue._ensure_history_day($1, current_date - 5)",
-        &[&q],
-    )
-    .unwrap();
+    c.execute("SELECT pgqueue.pgq_create_queue($1, retention => '1 day')", &[&q]).unwrap();
+    c.execute("SELECT pgqueue._ensure_history_day($1, current_date - 5)", &[&q]).unwrap();
     c.execute(
         "INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at)
          SELECT -g, $1, 'completed', 0, 1, '{}', now() - '6 days'::interval, (current_date - 5) + interval '1 hour'
@@ -27,24 +19,18 @@ fn queue_with_old_history(c: &mut Client, rows: i64) -> (String, String) {
     )
     .unwrap();
     let part: String = c
-        .query_one(
-            "SELECT format('history_%s_%s', $1::text, to_char(current_date - 5, 'YYYYMMDD'))",
-            &[&q],
-        )
+        .query_one("SELECT format('history_%s_%s', $1::text, to_char(current_date - 5, 'YYYYMMDD'))", &[&q])
         .unwrap()
         .get(0);
     (q, part)
 }
 
 fn prune(c: &mut Client, q: &str) -> Vec<(String, String, i64)> {
-    c.query(
-        "SELECT target, outcome, rows FROM pgqueue.pgq_prune($1)",
-        &[&q],
-    )
-    .unwrap()
-    .iter()
-    .map(|r| (r.get(0), r.get(1), r.get(2)))
-    .collect()
+    c.query("SELECT target, outcome, rows FROM pgqueue.pgq_prune($1)", &[&q])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
 }
 
 #[test]
@@ -52,47 +38,19 @@ fn prune_drops_partitions_past_retention() {
     let mut c = connect();
     let (q, part) = queue_with_old_history(&mut c, 1000);
     // Today's history stays: it is within the retention.
-    c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q])
-        .unwrap();
+    c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap();
     let (id, token): (i64, uuid::Uuid) = {
-        let r = c
-            .query_one(
-                "SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1)",
-                &[&q],
-            )
-            .unwrap();
+        let r = c.query_one("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1)", &[&q]).unwrap();
         (r.get(0), r.get(1))
     };
-    c.execute(
-        "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)",
-        &[&id, &token],
-    )
-    .unwrap();
+    c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap();
 
-    assert_eq!(
-        prune(&mut c, &q),
-        vec![(part.clone(), "pruned".to_string(), 1000)]
-    );
-    let gone: Option<String> = c
-        .query_one("SELECT to_regclass('pgqueue.' || $1)::text", &[&part])
-        .unwrap()
-        .get(0);
-    assert_eq!(
-        gone, None,
-        "the whole partition is dropped, not its rows deleted"
-    );
-    let kept: i64 = c
-        .query_one(
-            "SELECT count(*) FROM pgqueue.history WHERE queue = $1",
-            &[&q],
-        )
-        .unwrap()
-        .get(0);
+    assert_eq!(prune(&mut c, &q), vec![(part.clone(), "pruned".to_string(), 1000)]);
+    let gone: Option<String> = c.query_one("SELECT to_regclass('pgqueue.' || $1)::text", &[&part]).unwrap().get(0);
+    assert_eq!(gone, None, "the whole partition is dropped, not its rows deleted");
+    let kept: i64 = c.query_one("SELECT count(*) FROM pgqueue.history WHERE queue = $1", &[&q]).unwrap().get(0);
     assert_eq!(kept, 1, "recent history is kept");
-    assert_eq!(
-        prune(&mut c, &q),
-        vec![(format!("history_{q}"), "noop".to_string(), 0)]
-    );
+    assert_eq!(prune(&mut c, &q), vec![(format!("history_{q}"), "noop".to_string(), 0)]);
 }
 
 #[test]
@@ -102,30 +60,21 @@ fn prune_reports_blocked_after_the_lock_timeout_then_pruned() {
     // A reader holds a lock that conflicts with dropping the partition.
     let mut reader = connect();
     reader.batch_execute("BEGIN").unwrap();
-    reader
-        .batch_execute(&format!("SELECT count(*) FROM pgqueue.{part}"))
-        .unwrap();
+    reader.batch_execute(&format!("SELECT count(*) FROM pgqueue.{part}")).unwrap();
 
-    c.batch_execute("SET pgqueue.prune_lock_timeout = '50ms'")
-        .unwrap();
+    c.batch_execute("SET pgqueue.prune_lock_timeout = '50ms'").unwrap();
     let start = Instant::now();
     let got = prune(&mut c, &q);
     let waited = start.elapsed();
     assert_eq!(got, vec![(part.clone(), "blocked".to_string(), 0)]);
     // Bounded by the lock timeout, not by the reader: generous slack for a loaded machine.
-    assert!(
-        waited < Duration::from_secs(5),
-        "prune waited {waited:?} with a 50 ms lock timeout"
-    );
+    assert!(waited < Duration::from_secs(5), "prune waited {waited:?} with a 50 ms lock timeout");
 
     reader.batch_execute("COMMIT").unwrap();
     assert_eq!(prune(&mut c, &q), vec![(part, "pruned".to_string(), 10)]);
 
     for bad in ["0", "-1"] {
-        assert_eq!(
-            sqlstate(c.batch_execute(&format!("SET pgqueue.prune_lock_timeout = {bad}"))),
-            "22023"
-        );
+        assert_eq!(sqlstate(c.batch_execute(&format!("SET pgqueue.prune_lock_timeout = {bad}"))), "22023");
     }
 }
 
@@ -135,9 +84,7 @@ fn a_prune_already_running_on_a_queue_is_skipped() {
     let (q, _) = queue_with_old_history(&mut c, 1);
     let mut other = connect();
     other
-        .batch_execute(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('pgqueue.pgq_prune'), hashtext('{q}'))"
-        ))
+        .batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock(hashtext('pgqueue.pgq_prune'), hashtext('{q}'))"))
         .unwrap();
     assert_eq!(prune(&mut c, &q)[0].1, "skipped_active");
     other.batch_execute("ROLLBACK").unwrap();
