@@ -13,7 +13,7 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 # --- Debian packages ---------------------------------------------------------
 debs=(sudo bison flex libclang-dev clang pkg-config make gcc libreadline-dev zlib1g-dev
-      libssl-dev libicu-dev ca-certificates curl bzip2 postgresql-15 postgresql-server-dev-15)
+      libssl-dev libicu-dev ca-certificates curl bzip2 fonts-dejavu-core postgresql-15 postgresql-server-dev-15)
 missing=()
 for p in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -51,9 +51,12 @@ apt_uri() {
     echo "${uri%/}"
 }
 
-build_pg() { # major version sha256
-    local major=$1 version=$2 sha=$3
-    local prefix="$PGQUEUE_CACHE/pg$major"
+build_pg() { # major version sha256 [flavor]
+    # flavor "" : the test build (assertions on); "release": for benchmarks (no assertions).
+    local major=$1 version=$2 sha=$3 flavor=${4:-}
+    local prefix="$PGQUEUE_CACHE/pg$major${flavor:+-$flavor}"
+    local flags="--enable-debug --enable-cassert"
+    [ "$flavor" = release ] && flags=""
     if [ -x "$prefix/bin/pg_config" ] && [ "$("$prefix/bin/pg_config" --version)" = "PostgreSQL $version" ]; then
         return
     fi
@@ -72,7 +75,8 @@ build_pg() { # major version sha256
     tar -xjf "$src/$tarball" -C "$build" --strip-components=1
     (
         cd "$build"
-        ./configure --prefix="$prefix" --without-icu --enable-debug --enable-cassert >"$build/configure.log" 2>&1
+        # shellcheck disable=SC2086
+        ./configure --prefix="$prefix" --without-icu $flags >"$build/configure.log" 2>&1
         make -j"$(nproc)" world-bin >"$build/make.log" 2>&1
         rm -rf "$prefix"
         make install-world-bin >"$build/install.log" 2>&1
@@ -80,8 +84,15 @@ build_pg() { # major version sha256
     rm -rf "$build"
 }
 
-build_pg 17 17.11 dd27f2b3c59e73ed14aa3324901242bf69a032a6347805f274e6260322d42979
-build_pg 18 18.6 555610c24d53e4316da5b7d3fc25c279d96856d5e0e23ee308c328c5fa881d9f
+PG17=(17 17.11 dd27f2b3c59e73ed14aa3324901242bf69a032a6347805f274e6260322d42979)
+PG18=(18 18.6 555610c24d53e4316da5b7d3fc25c279d96856d5e0e23ee308c328c5fa881d9f)
+build_pg "${PG17[@]}"
+build_pg "${PG18[@]}"
+# `setup.sh --bench`: also builds 17 and 18 without assertions, for benchmarks.
+if [ "${1:-}" = --bench ]; then
+    build_pg "${PG17[@]}" release
+    build_pg "${PG18[@]}" release
+fi
 
 # --- cargo pgrx init ---------------------------------------------------------
 want="$PGRX_HOME/config.toml"

@@ -55,6 +55,14 @@ pub fn connect_to(dbname: &str) -> Client {
     config(Some(dbname)).connect(postgres::NoTls).expect("connect to another database")
 }
 
+/// A libpq connection string for the test database.
+pub fn dsn() -> String {
+    let config = config(None);
+    let port = config.get_ports()[0];
+    let user = config.get_user().unwrap_or("postgres").to_string();
+    format!("host=localhost port={port} user={user} dbname={}", config.get_dbname().unwrap_or("pgrx_tests"))
+}
+
 /// Connection settings for the test cluster, for `dbname` (default: the test database).
 fn config(dbname: Option<&str>) -> postgres::Config {
     let mut probe = connect();

@@ -1,0 +1,694 @@
+//! pgqueue's benchmarks: every scenario runs pgqueue and a baseline side by side on the same
+//! server, in the same run, so the ratios mean something on a shared, noisy machine.
+//!
+//! The baseline is the design most PostgreSQL queues use: one table, a visibility time `vt`
+//! filtered per row (`vt <= now()`), `FOR UPDATE SKIP LOCKED` in id order, the visibility time
+//! pushed forward on read, and delete on ack.
+
+use hdrhistogram::Histogram;
+use postgres::{Client, NoTls};
+use serde::Serialize;
+use serde_json::Value;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+pub mod chart;
+
+/// How big each scenario is.
+#[derive(Clone, Debug)]
+pub struct Sizes {
+    pub depths: Vec<i64>,
+    pub delayed: i64,
+    pub claims_per_point: usize,
+    pub consumers: Vec<usize>,
+    pub in_flight: i64,
+    pub run_for: Duration,
+    pub rescue_claims: i64,
+    pub prune_rows: i64,
+    pub renewals: i64,
+    pub enqueue_messages: i64,
+    /// Messages queued per second of a throughput run (more than any consumer set drains).
+    pub work_per_second: f64,
+    pub pgbench_scale: u32,
+}
+
+impl Sizes {
+    /// The sizes the targets are stated for.
+    pub fn full() -> Self {
+        Sizes {
+            depths: vec![0, 1_000, 10_000, 100_000],
+            delayed: 100_000,
+            claims_per_point: 2_000,
+            consumers: vec![1, 4, 16, 64],
+            in_flight: 10_000,
+            run_for: Duration::from_secs(10),
+            rescue_claims: 1_000_000,
+            prune_rows: 1_000_000,
+            renewals: 20_000,
+            enqueue_messages: 200_000,
+            work_per_second: 100_000.0,
+            pgbench_scale: 10,
+        }
+    }
+
+    /// Tiny sizes: every scenario runs in seconds (the test suite's smoke run).
+    pub fn smoke() -> Self {
+        Sizes {
+            depths: vec![0, 100],
+            delayed: 100,
+            claims_per_point: 20,
+            consumers: vec![1, 2],
+            in_flight: 50,
+            run_for: Duration::from_millis(300),
+            rescue_claims: 2_000,
+            prune_rows: 1_000,
+            renewals: 200,
+            enqueue_messages: 2_000,
+            work_per_second: 10_000.0,
+            pgbench_scale: 1,
+        }
+    }
+}
+
+/// Everything one run measured (written as JSON next to the charts).
+#[derive(Default, Serialize)]
+pub struct Report {
+    pub server: String,
+    pub flatness: Vec<FlatPoint>,
+    pub throughput: Vec<ThroughputPoint>,
+    pub rescue: Option<Rescue>,
+    pub prune: Option<Prune>,
+    pub renewals: Vec<Renewals>,
+    pub enqueue: Vec<Enqueue>,
+}
+
+#[derive(Serialize, Clone)]
+pub struct FlatPoint {
+    pub system: String,
+    pub in_flight: i64,
+    pub delayed: i64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub buffers: i64,
+}
+
+#[derive(Serialize, Clone)]
+pub struct ThroughputPoint {
+    pub system: String,
+    pub consumers: usize,
+    pub qty: i32,
+    pub jobs_per_s: f64,
+    pub p99_ms: f64,
+}
+
+#[derive(Serialize)]
+pub struct Rescue {
+    pub claims: i64,
+    pub seconds: f64,
+    pub claims_per_s: f64,
+    pub live_p99_idle_ms: f64,
+    pub live_p99_draining_ms: f64,
+}
+
+#[derive(Serialize)]
+pub struct Prune {
+    pub rows: i64,
+    pub seconds: f64,
+    pub rows_per_s: f64,
+    pub outcome: String,
+    pub longest_claim_ack_ms: f64,
+    pub lock_timeout_ms: i64,
+    pub history_bytes_before: i64,
+    pub history_bytes_after: i64,
+}
+
+#[derive(Serialize)]
+pub struct Renewals {
+    pub system: String,
+    pub updates: i64,
+    pub hot_updates: i64,
+    pub hot_ratio: f64,
+}
+
+#[derive(Serialize)]
+pub struct Enqueue {
+    pub method: String,
+    pub per_call: usize,
+    pub messages_per_s: f64,
+}
+
+/// The two systems under test, behind the same four operations.
+#[derive(Clone, Copy, PartialEq)]
+pub enum System {
+    Pgqueue,
+    Baseline,
+}
+
+impl System {
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Pgqueue => "pgqueue",
+            System::Baseline => "baseline",
+        }
+    }
+}
+
+const QUEUE: &str = "bench";
+
+/// The baseline queue, installed next to pgqueue.
+const BASELINE_SQL: &str = "
+DROP SCHEMA IF EXISTS bench_baseline CASCADE;
+CREATE SCHEMA bench_baseline;
+CREATE TABLE bench_baseline.jobs (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue text NOT NULL,
+    vt timestamptz NOT NULL DEFAULT now(),
+    read_ct integer NOT NULL DEFAULT 0,
+    priority smallint NOT NULL DEFAULT 0,
+    payload jsonb NOT NULL,
+    enqueued_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX jobs_vt_idx ON bench_baseline.jobs (vt);
+-- A plain table of pgqueue's shape, for the enqueue comparison.
+CREATE TABLE bench_baseline.plain (LIKE pgqueue.messages INCLUDING ALL);
+";
+
+pub struct Bench {
+    dsn: String,
+    pub sizes: Sizes,
+    progress: bool,
+}
+
+impl Bench {
+    pub fn new(dsn: &str, sizes: Sizes, progress: bool) -> Self {
+        Bench { dsn: dsn.to_string(), sizes, progress }
+    }
+
+    fn connect(&self) -> Client {
+        Client::connect(&self.dsn, NoTls).unwrap_or_else(|e| panic!("connect to {}: {e}", self.dsn))
+    }
+
+    fn say(&self, what: &str) {
+        if self.progress {
+            eprintln!("[bench] {what}");
+        }
+    }
+
+    /// Runs the named scenarios ("all" for every one).
+    pub fn run(&self, scenarios: &[&str]) -> Report {
+        let wants = |s: &str| scenarios.contains(&"all") || scenarios.contains(&s);
+        let mut c = self.connect();
+        let mut report = Report { server: c.query_one("SELECT version()", &[]).unwrap().get(0), ..Default::default() };
+        if wants("flatness") {
+            report.flatness = self.flatness();
+        }
+        if wants("throughput") {
+            report.throughput = self.throughput();
+        }
+        if wants("rescue") {
+            report.rescue = Some(self.rescue());
+        }
+        if wants("prune") {
+            report.prune = Some(self.prune());
+        }
+        if wants("renewals") {
+            report.renewals = self.renewals();
+        }
+        if wants("enqueue") {
+            report.enqueue = self.enqueue();
+        }
+        report
+    }
+
+    /// An empty queue in both systems.
+    fn reset(&self, c: &mut Client) {
+        c.batch_execute(BASELINE_SQL).unwrap();
+        c.batch_execute(&format!(
+            "SELECT pgqueue.pgq_drop_queue(queue, force => true) FROM pgqueue.queues WHERE queue LIKE '{QUEUE}%';
+             SELECT pgqueue.pgq_create_queue('{QUEUE}', lease => '1 hour', retention => '1 day');"
+        ))
+        .unwrap();
+    }
+
+    /// Adds `n` messages (visible after `delay`) in 10,000-message statements.
+    fn fill(&self, c: &mut Client, system: System, n: i64, delay: &str) {
+        let mut left = n;
+        while left > 0 {
+            let chunk = left.min(10_000);
+            let sql = match system {
+                System::Pgqueue => format!(
+                    "SELECT count(*) FROM pgqueue.pgq_send_batch('{QUEUE}',
+                        (SELECT array_agg(jsonb_build_object('job', g, 'pad', 'xxxxxxxxxxxxxxxxxxxxxxxx')) FROM generate_series(1, $1::int) g),
+                        delay => '{delay}')"
+                ),
+                System::Baseline => format!(
+                    "INSERT INTO bench_baseline.jobs (queue, vt, payload)
+                     SELECT '{QUEUE}', now() + '{delay}', jsonb_build_object('job', g, 'pad', 'xxxxxxxxxxxxxxxxxxxxxxxx')
+                       FROM generate_series(1, $1::int) g"
+                ),
+            };
+            c.execute(&sql, &[&(chunk as i32)]).unwrap();
+            left -= chunk;
+        }
+    }
+
+    /// Claims `n` messages for an hour (they stay in flight), oldest first.
+    fn hold(&self, c: &mut Client, system: System, n: i64) {
+        match system {
+            System::Pgqueue => {
+                let mut left = n;
+                while left > 0 {
+                    let chunk = left.min(1000) as i32;
+                    c.execute(&format!("SELECT count(*) FROM pgqueue.pgq_claim('{QUEUE}', $1, '1 hour')"), &[&chunk])
+                        .unwrap();
+                    left -= i64::from(chunk);
+                }
+            }
+            System::Baseline => {
+                c.execute(
+                    "UPDATE bench_baseline.jobs SET vt = now() + interval '1 hour', read_ct = read_ct + 1
+                      WHERE id IN (SELECT id FROM bench_baseline.jobs WHERE vt <= now() ORDER BY id LIMIT $1)",
+                    &[&n],
+                )
+                .unwrap();
+            }
+        }
+    }
+
+    fn claim_sql(system: System) -> &'static str {
+        match system {
+            System::Pgqueue => "SELECT msg_id, claim_token FROM pgqueue.pgq_claim('bench', $1::int)",
+            System::Baseline => {
+                "WITH next AS (
+                     SELECT id FROM bench_baseline.jobs WHERE queue = 'bench' AND vt <= now()
+                      ORDER BY id LIMIT $1::int FOR UPDATE SKIP LOCKED)
+                 UPDATE bench_baseline.jobs j SET vt = now() + interval '30 s', read_ct = read_ct + 1
+                   FROM next WHERE j.id = next.id
+                 RETURNING j.id, NULL::uuid"
+            }
+        }
+    }
+
+    /// Claims up to `qty` and acks them (a batch ack for more than one). Returns how many.
+    fn claim_and_ack(c: &mut Client, system: System, qty: i32) -> usize {
+        let rows = c.query(Self::claim_sql(system), &[&qty]).unwrap();
+        if rows.is_empty() {
+            return 0;
+        }
+        let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+        match system {
+            System::Pgqueue => {
+                let tokens: Vec<Uuid> = rows.iter().map(|r| r.get(1)).collect();
+                c.execute("SELECT count(*) FROM pgqueue.pgq_ack($1::bigint[], $2::uuid[])", &[&ids, &tokens]).unwrap();
+            }
+            System::Baseline => {
+                c.execute("DELETE FROM bench_baseline.jobs WHERE id = ANY ($1)", &[&ids]).unwrap();
+            }
+        }
+        ids.len()
+    }
+
+    fn vacuum(c: &mut Client) {
+        // One statement each: VACUUM refuses to run in the implicit transaction of a batch.
+        c.batch_execute("VACUUM (ANALYZE) pgqueue.messages").unwrap();
+        c.batch_execute("VACUUM (ANALYZE) bench_baseline.jobs").unwrap();
+    }
+
+    /// Claim latency and buffers against the number of rows in flight (and delayed).
+    fn flatness(&self) -> Vec<FlatPoint> {
+        let mut points = vec![];
+        let mut c = self.connect();
+        let mut cases: Vec<(i64, i64)> = self.sizes.depths.iter().map(|&d| (d, 0)).collect();
+        cases.push((*self.sizes.depths.last().unwrap(), self.sizes.delayed));
+        for (depth, delayed) in cases {
+            for system in [System::Pgqueue, System::Baseline] {
+                self.say(&format!("flatness: {} with {depth} in flight, {delayed} delayed", system.name()));
+                self.reset(&mut c);
+                // Delayed and in-flight rows first, so they sit ahead of the claimable ones.
+                self.fill(&mut c, system, delayed, "1 hour");
+                self.fill(&mut c, system, depth, "0");
+                self.hold(&mut c, system, depth);
+                self.fill(&mut c, system, 1_000, "0");
+                Self::vacuum(&mut c);
+                let mut hist = Histogram::<u64>::new(3).unwrap();
+                for i in 0..self.sizes.claims_per_point + 20 {
+                    let mut tx = c.transaction().unwrap();
+                    let start = Instant::now();
+                    let n = tx.query(Self::claim_sql(system), &[&1i32]).unwrap().len();
+                    let took = start.elapsed();
+                    tx.rollback().unwrap();
+                    assert_eq!(n, 1, "a claimable message is there");
+                    if i >= 20 {
+                        hist.record(took.as_micros() as u64).unwrap();
+                    }
+                }
+                let buffers = self.claim_buffers(&mut c, system);
+                points.push(FlatPoint {
+                    system: system.name().into(),
+                    in_flight: depth,
+                    delayed,
+                    p50_us: hist.value_at_quantile(0.5),
+                    p99_us: hist.value_at_quantile(0.99),
+                    buffers,
+                });
+            }
+        }
+        points
+    }
+
+    /// Shared buffers one claim touches (EXPLAIN ANALYZE BUFFERS; for pgqueue the function
+    /// scan's figure includes the statements inside the function).
+    fn claim_buffers(&self, c: &mut Client, system: System) -> i64 {
+        let mut tx = c.transaction().unwrap();
+        let sql = match system {
+            System::Pgqueue => "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM pgqueue.pgq_claim('bench', 1)",
+            System::Baseline => {
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
+                 WITH next AS (
+                     SELECT id FROM bench_baseline.jobs WHERE queue = 'bench' AND vt <= now()
+                      ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                 UPDATE bench_baseline.jobs j SET vt = now() + interval '30 s', read_ct = read_ct + 1
+                   FROM next WHERE j.id = next.id RETURNING j.id"
+            }
+        };
+        let plan: Value = tx.query_one(sql, &[]).unwrap().get(0);
+        tx.rollback().unwrap();
+        let top = &plan[0]["Plan"];
+        top["Shared Hit Blocks"].as_i64().unwrap_or(0) + top["Shared Read Blocks"].as_i64().unwrap_or(0)
+    }
+
+    /// Jobs per second with N consumers doing claim + ack, with rows in flight.
+    fn throughput(&self) -> Vec<ThroughputPoint> {
+        let mut points = vec![];
+        let mut c = self.connect();
+        for &consumers in &self.sizes.consumers {
+            for qty in [1i32, 32] {
+                for system in [System::Pgqueue, System::Baseline] {
+                    self.say(&format!("throughput: {} with {consumers} consumers, qty {qty}", system.name()));
+                    self.reset(&mut c);
+                    self.fill(&mut c, system, self.sizes.in_flight, "0");
+                    self.hold(&mut c, system, self.sizes.in_flight);
+                    // Enough work for the run at ~100k jobs/s.
+                    let budget = (self.sizes.run_for.as_secs_f64() * self.sizes.work_per_second) as i64 + 1_000;
+                    self.fill(&mut c, system, budget, "0");
+                    Self::vacuum(&mut c);
+                    let (jobs, p99) = self.consume(consumers, system, qty, self.sizes.run_for);
+                    points.push(ThroughputPoint {
+                        system: system.name().into(),
+                        consumers,
+                        qty,
+                        jobs_per_s: jobs as f64 / self.sizes.run_for.as_secs_f64(),
+                        p99_ms: p99,
+                    });
+                }
+            }
+            points.push(ThroughputPoint {
+                system: "pgbench -N".into(),
+                consumers,
+                qty: 0,
+                jobs_per_s: self.pgbench(consumers),
+                p99_ms: 0.0,
+            });
+        }
+        points
+    }
+
+    /// Runs `consumers` threads of claim + ack for `run_for`; (jobs, p99 ms of one round).
+    fn consume(&self, consumers: usize, system: System, qty: i32, run_for: Duration) -> (u64, f64) {
+        let jobs = Arc::new(AtomicU64::new(0));
+        let hist = Arc::new(Mutex::new(Histogram::<u64>::new(3).unwrap()));
+        let start = Arc::new(Barrier::new(consumers));
+        let threads: Vec<_> = (0..consumers)
+            .map(|_| {
+                let (jobs, hist, start) = (jobs.clone(), hist.clone(), start.clone());
+                let mut c = self.connect();
+                std::thread::spawn(move || {
+                    let mut mine = Histogram::<u64>::new(3).unwrap();
+                    start.wait();
+                    let until = Instant::now() + run_for;
+                    while Instant::now() < until {
+                        let t = Instant::now();
+                        let n = Self::claim_and_ack(&mut c, system, qty);
+                        if n == 0 {
+                            break;
+                        }
+                        mine.record(t.elapsed().as_micros() as u64).unwrap();
+                        jobs.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    hist.lock().unwrap().add(&mine).unwrap();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let p99 = hist.lock().unwrap().value_at_quantile(0.99) as f64 / 1000.0;
+        (jobs.load(Ordering::Relaxed), p99)
+    }
+
+    /// pgbench's simple-update (-N) tps at the same client count: the commit-rate ceiling.
+    fn pgbench(&self, clients: usize) -> f64 {
+        let mut c = self.connect();
+        let bindir: String = c
+            .query_one("SELECT setting FROM pg_config() WHERE name = 'BINDIR'", &[])
+            .map(|r| r.get(0))
+            .unwrap_or_default();
+        let pgbench = std::path::Path::new(&bindir).join("pgbench");
+        let initialized: bool =
+            c.query_one("SELECT to_regclass('public.pgbench_accounts') IS NOT NULL", &[]).unwrap().get(0);
+        if !initialized {
+            self.say("pgbench: initializing");
+            let ok = std::process::Command::new(&pgbench)
+                .args(["-i", "-s", &self.sizes.pgbench_scale.to_string(), "-q", &self.dsn])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+            if !ok {
+                return 0.0;
+            }
+        }
+        let secs = self.sizes.run_for.as_secs().max(1).to_string();
+        let out = std::process::Command::new(&pgbench)
+            .args(["-N", "-c", &clients.to_string(), "-j", &clients.min(4).to_string(), "-T", &secs, &self.dsn])
+            .output();
+        let Ok(out) = out else { return 0.0 };
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("tps = ").and_then(|rest| rest.split_whitespace().next()?.parse().ok()))
+            .unwrap_or(0.0)
+    }
+
+    /// A fleet dies holding `rescue_claims` claims; the background worker alone drains them.
+    fn rescue(&self) -> Rescue {
+        let mut c = self.connect();
+        self.reset(&mut c);
+        let n = self.sizes.rescue_claims;
+        self.say(&format!("rescue: {n} claims to abandon"));
+        self.fill(&mut c, System::Pgqueue, n, "0");
+        self.hold(&mut c, System::Pgqueue, n);
+        c.batch_execute(
+            "SELECT pgqueue.pgq_create_queue('bench_live');
+             SELECT pgqueue.pgq_send_batch('bench_live', (SELECT array_agg('{}'::jsonb) FROM generate_series(1, 10000)));",
+        )
+        .unwrap();
+        c.batch_execute("VACUUM (ANALYZE) pgqueue.messages").unwrap();
+        let live = |stop: Arc<AtomicBool>, dsn: String| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&dsn, NoTls).unwrap();
+                let mut hist = Histogram::<u64>::new(3).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let row = c.query_opt("SELECT msg_id, claim_token FROM pgqueue.pgq_claim('bench_live')", &[]);
+                    if let Ok(Some(row)) = row {
+                        let (id, token): (i64, Uuid) = (row.get(0), row.get(1));
+                        c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0 s')", &[&id, &token]).unwrap();
+                    }
+                    hist.record(t.elapsed().as_micros() as u64).unwrap();
+                }
+                hist.value_at_quantile(0.99) as f64 / 1000.0
+            })
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let idle = live(stop.clone(), self.dsn.clone());
+        std::thread::sleep(Duration::from_secs(2).min(self.sizes.run_for * 4));
+        stop.store(true, Ordering::Relaxed);
+        let live_p99_idle_ms = idle.join().unwrap();
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let during = live(stop.clone(), self.dsn.clone());
+        self.say("rescue: abandoning (leases expire now); the worker drains");
+        c.execute(
+            "UPDATE pgqueue.messages SET lease_expires_at = now() - interval '1 s' WHERE queue = 'bench' AND state = 'claimed'",
+            &[],
+        )
+        .unwrap();
+        let start = Instant::now();
+        let mut said = Instant::now();
+        loop {
+            let left: i64 = c
+                .query_one("SELECT count(*) FROM pgqueue.messages WHERE queue = 'bench' AND state = 'claimed'", &[])
+                .unwrap()
+                .get(0);
+            if left == 0 {
+                break;
+            }
+            if said.elapsed() >= Duration::from_secs(5) {
+                self.say(&format!("rescue: {left} left after {:.0?}", start.elapsed()));
+                said = Instant::now();
+            }
+            assert!(start.elapsed() < Duration::from_secs(1800), "the backlog drains (is the worker running?)");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        let live_p99_draining_ms = during.join().unwrap();
+        Rescue { claims: n, seconds, claims_per_s: n as f64 / seconds, live_p99_idle_ms, live_p99_draining_ms }
+    }
+
+    /// Removes `prune_rows` completed messages past retention while consumers work.
+    fn prune(&self) -> Prune {
+        let mut c = self.connect();
+        self.reset(&mut c);
+        let n = self.sizes.prune_rows;
+        self.say(&format!("prune: {n} completed messages five days old"));
+        c.batch_execute(&format!(
+            "SELECT pgqueue._ensure_history_day('{QUEUE}', current_date - 5);
+             INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at)
+             SELECT -g, '{QUEUE}', 'completed', 0, 1, jsonb_build_object('job', g, 'pad', 'xxxxxxxxxxxxxxxxxxxxxxxx'),
+                    now() - interval '6 days', (current_date - 5) + interval '1 hour'
+               FROM generate_series(1, {n}) g;"
+        ))
+        .unwrap();
+        self.fill(&mut c, System::Pgqueue, n.min(50_000), "0");
+        let size = |c: &mut Client| -> i64 {
+            c.query_one(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+                  WHERE c.relname LIKE 'history\\_bench\\_%' AND c.relkind = 'r'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+        };
+        let history_bytes_before = size(&mut c);
+        let lock_timeout_ms: i64 = c
+            .query_one("SELECT setting::bigint FROM pg_settings WHERE name = 'pgqueue.prune_lock_timeout'", &[])
+            .unwrap()
+            .get(0);
+        // Claimers acking into the same queue's history while the prune runs.
+        let stop = Arc::new(AtomicBool::new(false));
+        let longest = Arc::new(AtomicU64::new(0));
+        let claimers: Vec<_> = (0..2)
+            .map(|_| {
+                let (stop, longest) = (stop.clone(), longest.clone());
+                let mut c = self.connect();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        Self::claim_and_ack(&mut c, System::Pgqueue, 1);
+                        longest.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let start = Instant::now();
+        let rows = c.query(&format!("SELECT outcome, rows FROM pgqueue.pgq_prune('{QUEUE}')"), &[]).unwrap();
+        let seconds = start.elapsed().as_secs_f64();
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Ordering::Relaxed);
+        for t in claimers {
+            t.join().unwrap();
+        }
+        let outcome: String = rows.first().map(|r| r.get(0)).unwrap_or_default();
+        let removed: i64 = rows.iter().map(|r| r.get::<_, i64>(1)).sum();
+        Prune {
+            rows: removed,
+            seconds,
+            rows_per_s: removed as f64 / seconds,
+            outcome,
+            longest_claim_ack_ms: longest.load(Ordering::Relaxed) as f64 / 1000.0,
+            lock_timeout_ms,
+            history_bytes_before,
+            history_bytes_after: size(&mut c),
+        }
+    }
+
+    /// Lease renewals only: how many of the updates are HOT.
+    fn renewals(&self) -> Vec<Renewals> {
+        let mut c = self.connect();
+        let mut out = vec![];
+        for system in [System::Pgqueue, System::Baseline] {
+            self.say(&format!("renewals: {}", system.name()));
+            self.reset(&mut c);
+            self.fill(&mut c, system, 1_000, "0");
+            let held: Vec<(i64, Option<Uuid>)> =
+                c.query(Self::claim_sql(system), &[&1000i32]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
+            let (table, renew) = match system {
+                System::Pgqueue => ("pgqueue.messages", "SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)"),
+                System::Baseline => (
+                    "bench_baseline.jobs",
+                    "UPDATE bench_baseline.jobs SET vt = now() + interval '30 s' WHERE id = $1 AND $2::uuid IS NULL",
+                ),
+            };
+            let counters = |c: &mut Client| -> (i64, i64) {
+                c.batch_execute("SELECT pg_stat_force_next_flush()").unwrap();
+                let r = c
+                    .query_one(
+                        &format!("SELECT pg_stat_get_tuples_updated('{table}'::regclass), pg_stat_get_tuples_hot_updated('{table}'::regclass)"),
+                        &[],
+                    )
+                    .unwrap();
+                (r.get(0), r.get(1))
+            };
+            std::thread::sleep(Duration::from_millis(600));
+            let (u0, h0) = counters(&mut c);
+            let rounds = (self.sizes.renewals / held.len().max(1) as i64).max(1);
+            for _ in 0..rounds {
+                for (id, token) in &held {
+                    c.execute(renew, &[id, token]).unwrap();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(600));
+            let (u1, h1) = counters(&mut c);
+            let (updates, hot_updates) = (u1 - u0, h1 - h0);
+            out.push(Renewals {
+                system: system.name().into(),
+                updates,
+                hot_updates,
+                hot_ratio: hot_updates as f64 / updates.max(1) as f64,
+            });
+        }
+        out
+    }
+
+    /// Batch enqueue against a plain multi-row INSERT into a table of the same shape.
+    fn enqueue(&self) -> Vec<Enqueue> {
+        let mut c = self.connect();
+        let mut out = vec![];
+        for per_call in [100usize, 1000] {
+            let payloads: Vec<Value> =
+                (0..per_call).map(|i| serde_json::json!({"job": i, "pad": "xxxxxxxxxxxxxxxxxxxxxxxx"})).collect();
+            for method in ["pgq_send_batch", "INSERT"] {
+                self.say(&format!("enqueue: {method} with {per_call} per call"));
+                self.reset(&mut c);
+                let sql = match method {
+                    "pgq_send_batch" => "SELECT count(*) FROM pgqueue.pgq_send_batch('bench', $1)",
+                    _ => {
+                        "INSERT INTO bench_baseline.plain (queue, state, payload)
+                         SELECT 'bench', 'ready', p FROM unnest($1::jsonb[]) p"
+                    }
+                };
+                let calls = (self.sizes.enqueue_messages as usize / per_call).max(1);
+                let start = Instant::now();
+                for _ in 0..calls {
+                    c.execute(sql, &[&payloads]).unwrap();
+                }
+                let secs = start.elapsed().as_secs_f64();
+                out.push(Enqueue { method: method.into(), per_call, messages_per_s: (calls * per_call) as f64 / secs });
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs the benchmarks (bench/) against a throwaway server of PostgreSQL $PG (default 17),
+# built without assertions, with a release build of pgqueue preloaded.
+#   bash scripts/bench.sh                                  # every scenario, full sizes
+#   PG=15 bash scripts/bench.sh --scenarios flatness       # one scenario on another major
+#   bash scripts/bench.sh --smoke                          # tiny sizes
+# Results (a table on stdout, results.json, PNG charts) go to bench-results/pg$PG/.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here/.."
+bash scripts/setup.sh --bench
+# shellcheck source=scripts/env.sh
+source scripts/env.sh
+
+major="${PG:-17}"
+if [ "$major" = 15 ]; then
+    pg_config="$PG15_CONFIG" # Debian's build: no assertions
+else
+    pg_config="$PGQUEUE_CACHE/pg$major-release/bin/pg_config"
+fi
+# Bindings for the benchmark builds differ from the test builds': keep their artifacts apart.
+export CARGO_TARGET_DIR="$PGQUEUE_CACHE/target-bench"
+echo "[bench] installing a release build of pgqueue into $("$pg_config" --version)"
+cargo pgrx install --release --sudo --pg-config "$pg_config" --no-default-features --features "pg$major" >/dev/null
+cargo run --quiet --release -p pgqueue-bench -- --pg-config "$pg_config" --out "bench-results/pg$major" "$@"

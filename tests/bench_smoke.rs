@@ -1,0 +1,30 @@
+//! Every benchmark scenario at tiny sizes, against the test cluster: the bench tool keeps
+//! compiling and working. Nothing here asserts a time.
+
+mod common;
+
+use pgqueue_bench::{Bench, Sizes};
+
+#[test]
+fn every_scenario_runs_at_tiny_sizes() {
+    common::connect();
+    let dsn = common::dsn();
+    let report = Bench::new(&dsn, Sizes::smoke(), false).run(&["all"]);
+
+    let sizes = Sizes::smoke();
+    assert_eq!(report.flatness.len(), 2 * (sizes.depths.len() + 1), "each depth, for both systems");
+    assert!(report.flatness.iter().all(|p| p.buffers > 0 && p.p50_us > 0));
+    // Per consumer count: 2 systems x 2 batch sizes, plus pgbench.
+    assert_eq!(report.throughput.len(), 5 * sizes.consumers.len());
+    assert!(report.throughput.iter().filter(|p| p.system != "pgbench -N").all(|p| p.jobs_per_s > 0.0));
+    let rescue = report.rescue.expect("rescue ran");
+    assert_eq!(rescue.claims, sizes.rescue_claims);
+    assert!(rescue.claims_per_s > 0.0);
+    let prune = report.prune.expect("prune ran");
+    assert_eq!((prune.outcome.as_str(), prune.rows), ("pruned", sizes.prune_rows));
+    assert!(prune.history_bytes_after < prune.history_bytes_before);
+    assert_eq!(report.renewals.len(), 2);
+    assert!(report.renewals.iter().all(|r| r.updates >= sizes.renewals));
+    assert_eq!(report.enqueue.len(), 4);
+    assert!(report.enqueue.iter().all(|e| e.messages_per_s > 0.0));
+}
