@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Client, connect, connect_with_notices, unique_queue};
+use common::{Client, connect, connect_with_notices, prune, queue_with_old_history, unique_queue};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -187,34 +187,6 @@ fn renewals_are_hot_updates() {
     eprintln!("renewals: {upd} updates, {hot} HOT");
     assert!(upd >= 500, "every renewal counted: {upd}");
     assert!(hot * 100 >= upd * 95, "renewals are HOT: {hot} of {upd}");
-}
-
-/// A queue with `rows` completed messages in a day partition five days old, past its
-/// one-day retention. Returns (queue, partition).
-fn queue_with_old_history(c: &mut Client, rows: i64) -> (String, String) {
-    let q = unique_queue("prune");
-    c.execute("SELECT pgqueue.pgq_create_queue($1, retention => '1 day')", &[&q]).unwrap();
-    c.execute("SELECT pgqueue._ensure_history_day($1, current_date - 5)", &[&q]).unwrap();
-    c.execute(
-        "INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at)
-         SELECT -g, $1, 'completed', 0, 1, '{}', now() - '6 days'::interval, (current_date - 5) + interval '1 hour'
-           FROM generate_series(1, $2::bigint) g",
-        &[&q, &rows],
-    )
-    .unwrap();
-    let part: String = c
-        .query_one("SELECT format('history_%s_%s', $1::text, to_char(current_date - 5, 'YYYYMMDD'))", &[&q])
-        .unwrap()
-        .get(0);
-    (q, part)
-}
-
-fn prune(c: &mut Client, q: &str) -> Vec<(String, String, i64)> {
-    c.query("SELECT target, outcome, rows FROM pgqueue.pgq_prune($1)", &[&q])
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect()
 }
 
 #[test]

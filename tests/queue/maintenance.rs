@@ -1,37 +1,9 @@
 //! Pruning a named queue, with the background worker switched off so that what happens is
 //! what these calls did.
 
-use crate::common::{Client, sqlstate, unique_queue};
+use crate::common::{prune, queue_with_old_history, sqlstate};
 use crate::connect;
 use std::time::{Duration, Instant};
-
-/// A queue with `rows` completed messages in a day partition five days old, past its
-/// one-day retention. Returns (queue, partition).
-fn queue_with_old_history(c: &mut Client, rows: i64) -> (String, String) {
-    let q = unique_queue("prune");
-    c.execute("SELECT pgqueue.pgq_create_queue($1, retention => '1 day')", &[&q]).unwrap();
-    c.execute("SELECT pgqueue._ensure_history_day($1, current_date - 5)", &[&q]).unwrap();
-    c.execute(
-        "INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at)
-         SELECT -g, $1, 'completed', 0, 1, '{}', now() - '6 days'::interval, (current_date - 5) + interval '1 hour'
-           FROM generate_series(1, $2::bigint) g",
-        &[&q, &rows],
-    )
-    .unwrap();
-    let part: String = c
-        .query_one("SELECT format('history_%s_%s', $1::text, to_char(current_date - 5, 'YYYYMMDD'))", &[&q])
-        .unwrap()
-        .get(0);
-    (q, part)
-}
-
-fn prune(c: &mut Client, q: &str) -> Vec<(String, String, i64)> {
-    c.query("SELECT target, outcome, rows FROM pgqueue.pgq_prune($1)", &[&q])
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect()
-}
 
 #[test]
 fn prune_drops_partitions_past_retention() {
