@@ -36,15 +36,13 @@ port = $port
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$datadir'
 shared_preload_libraries = 'pgqueue'
+pgqueue.launcher_naptime = '1s'   # default 10s: how soon a new CREATE EXTENSION gets its worker
 CONF
 as_pg "$bindir/pg_ctl" -D "$datadir/data" -l "$datadir/server.log" -w start >/dev/null
 psql_cmd=(sudo -u postgres "$bindir/psql" -h "$datadir" -p "$port" -d postgres -X -v ON_ERROR_STOP=1)
 
 say "CREATE EXTENSION pgqueue"
 "${psql_cmd[@]}" -c "CREATE EXTENSION pgqueue" -c "\dx pgqueue"
-
-say "the background worker, as pg_stat_activity shows it"
-"${psql_cmd[@]}" -c "SELECT pid, backend_type, datname, backend_start::time(0) FROM pg_stat_activity WHERE backend_type = 'pgqueue worker'"
 
 say "its heartbeat (committed every tick): waiting for two ticks"
 for _ in $(seq 1 50); do
@@ -53,6 +51,9 @@ for _ in $(seq 1 50); do
     sleep 0.2
 done
 "${psql_cmd[@]}" -c "SELECT pid, started_at::time(0), last_tick_at::time(0), ticks, tick_interval_ms FROM pgqueue.worker_state"
+
+say "the background worker, as pg_stat_activity shows it"
+"${psql_cmd[@]}" -c "SELECT pid, backend_type, datname, backend_start::time(0) FROM pg_stat_activity WHERE backend_type LIKE 'pgqueue%'"
 
 say "a producer and a consumer"
 "${psql_cmd[@]}" <<'SQL'
@@ -75,19 +76,20 @@ SQL
 
 say "a consumer crashes while holding a message; the worker re-arms it by itself"
 # The consumer claims with session_bound => true, then hangs; its connection is killed.
-PGAPPNAME=doomed-consumer "${psql_cmd[@]}" -Atc \
+"${psql_cmd[@]}" -Atc \
     "SELECT 'claimed ' || msg_id FROM pgqueue.pgq_claim('demo', lease => '5 min', consumer => 'doomed', session_bound => true)" \
     -c "SELECT pg_sleep(600)" 2>/dev/null &
 sleep 1
 "${psql_cmd[@]}" -c "SELECT msg_id, state, consumer, lease_expires_at::time(0) AS lease_until FROM pgqueue.messages WHERE consumer = 'doomed'"
 echo "killing the consumer's connection..."
-"${psql_cmd[@]}" -Atc "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'doomed-consumer'" >/dev/null
+"${psql_cmd[@]}" -Atc "SELECT pg_terminate_backend(session_pid) FROM pgqueue.messages WHERE consumer = 'doomed'" >/dev/null
 start=$(date +%s.%N)
 for _ in $(seq 1 100); do
     left=$("${psql_cmd[@]}" -Atc "SELECT count(*) FROM pgqueue.messages WHERE consumer = 'doomed'")
     [ "$left" = 0 ] && break
     sleep 0.1
 done
+[ "$left" = 0 ] || { echo "the worker did not re-arm the message; see $datadir/server.log" >&2; exit 1; }
 printf 'message claimable again after %.1f s (its lease had 5 minutes left)\n' "$(echo "$(date +%s.%N) - $start" | awk '{print $1 - $3}')"
 "${psql_cmd[@]}" -c "SELECT msg_id, state, attempt, last_error FROM pgqueue.messages ORDER BY msg_id"
 "${psql_cmd[@]}" -c "SELECT ticks, rearmed, orphans_expired, promoted, tick_failures, since_last_tick FROM pgqueue.worker_stats"
