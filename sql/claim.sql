@@ -5,7 +5,7 @@
 -- the delayed index only up to the first row not yet due. Used by pgq_claim (so delays
 -- never depend on the worker) and by the worker's tick.
 CREATE FUNCTION pgqueue._promote_due(queue text, max_rows integer) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_variable
 DECLARE
     promoted bigint;
@@ -102,7 +102,10 @@ $$;
 
 CREATE FUNCTION pgqueue.pgq_renew(msg_id bigint, claim_token uuid, lease interval DEFAULT NULL)
 RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN EXISTS (
-    SELECT FROM pgqueue.pgq_renew(ARRAY[pgqueue._require(msg_id, 'msg_id')],
-                                  ARRAY[pgqueue._require(claim_token, 'claim_token')], lease));
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN EXISTS (
+        SELECT FROM pgqueue.pgq_renew(ARRAY[pgqueue._require(msg_id, 'msg_id')],
+                                      ARRAY[pgqueue._require(claim_token, 'claim_token')], lease));
+END
+$$;

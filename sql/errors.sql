@@ -1,9 +1,13 @@
 -- Argument checks shared by the API: every error the API raises comes from here, with its
 -- SQLSTATE, so the messages and codes stay consistent (and documented in the README).
+--
+-- Internal helpers (names starting with _) pin no search_path themselves: they run inside
+-- the API functions, which do (SECURITY DEFINER, search_path = pg_catalog, pg_temp), and a
+-- SET clause would cost a settings save and restore on every call of the hot paths.
 
 -- 22004: a required argument is NULL.
 CREATE FUNCTION pgqueue._require(value anyelement, argument text) RETURNS anyelement
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF value IS NULL THEN
         RAISE EXCEPTION 'pgqueue: argument "%" must not be NULL', argument
@@ -15,7 +19,7 @@ $$;
 
 -- 22023: an argument's value is out of its documented range.
 CREATE FUNCTION pgqueue._invalid(argument text, problem text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     RAISE EXCEPTION 'pgqueue: invalid value for "%": %', argument, problem
         USING ERRCODE = 'invalid_parameter_value';
@@ -25,7 +29,7 @@ $$;
 -- Queue names: a lower-case letter, then lower-case letters, digits or underscores;
 -- 1 to 40 characters. They end up in partition names, so nothing else is accepted.
 CREATE FUNCTION pgqueue._check_queue_name(queue text) RETURNS text
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     PERFORM pgqueue._require(queue, 'queue');
     IF queue !~ '^[a-z][a-z0-9_]{0,39}$' THEN
@@ -39,7 +43,7 @@ $$;
 
 -- The queue's settings; 42704 when it does not exist.
 CREATE FUNCTION pgqueue._queue(queue text) RETURNS pgqueue.queues
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     q pgqueue.queues;
 BEGIN
@@ -55,7 +59,7 @@ $$;
 
 -- Leases: more than zero, at most one day.
 CREATE FUNCTION pgqueue._check_lease(lease interval, argument text DEFAULT 'lease') RETURNS interval
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF lease IS NOT NULL AND (lease <= interval '0' OR lease > interval '1 day') THEN
         PERFORM pgqueue._invalid(argument, pg_catalog.format('%s is not between 0 (exclusive) and 1 day', lease));
@@ -66,7 +70,7 @@ $$;
 
 -- Delays and retry times: from zero to 365 days.
 CREATE FUNCTION pgqueue._check_delay(delay interval, argument text) RETURNS interval
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF delay IS NOT NULL AND (delay < interval '0' OR delay > interval '365 days') THEN
         PERFORM pgqueue._invalid(argument, pg_catalog.format('%s is not between 0 and 365 days', delay));
@@ -77,7 +81,7 @@ $$;
 
 -- Priorities: -1000 to 1000, higher is claimed first (the same bounds as the CHECK).
 CREATE FUNCTION pgqueue._check_priority(priority smallint) RETURNS smallint
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     PERFORM pgqueue._require(priority, 'priority');
     IF priority NOT BETWEEN -1000 AND 1000 THEN
@@ -89,7 +93,7 @@ $$;
 
 -- Paired arrays (ids and tokens) must be non-NULL and of the same length.
 CREATE FUNCTION pgqueue._check_pairs(msg_ids bigint[], claim_tokens uuid[]) RETURNS void
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     PERFORM pgqueue._require(msg_ids, 'msg_ids');
     PERFORM pgqueue._require(claim_tokens, 'claim_tokens');
@@ -107,7 +111,7 @@ $$;
 
 -- 54000: a payload larger than pgqueue.max_payload_bytes (jsonb size, pg_column_size).
 CREATE FUNCTION pgqueue._check_payload(payload jsonb, argument text DEFAULT 'payload') RETURNS jsonb
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     size integer;
     max_size integer;

@@ -1,59 +1,53 @@
 -- Finishing messages: ack (completed), nack (retry later or dead letter), fail (dead
 -- letter now), plus re-arming expired claims and redriving dead letters.
 
--- Moves messages out of the hot table into their queue's history, as completed or dead.
-CREATE FUNCTION pgqueue._to_history(msg_ids bigint[], outcome text, error text DEFAULT NULL)
+-- Moves messages out of the hot table into their queue's history, as completed or dead, in
+-- one statement. With claim_tokens, only the claims still held under those tokens move (the
+-- fence); without (NULL), the given messages move. Returns the ids that moved.
+-- PL/pgSQL rather than SQL: its statements' plans are cached across calls.
+CREATE FUNCTION pgqueue._to_history(msg_ids bigint[], claim_tokens uuid[], outcome text, error text DEFAULT NULL)
 RETURNS SETOF bigint
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_variable
+BEGIN
+    RETURN QUERY
     WITH gone AS (
-        DELETE FROM pgqueue.messages m WHERE m.msg_id = ANY (msg_ids)
-        RETURNING m.msg_id, m.queue, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
-                  m.last_error
+        DELETE FROM pgqueue.messages m
+         USING unnest(msg_ids, claim_tokens) AS u(id, token)
+         WHERE m.msg_id = u.id AND (claim_tokens IS NULL OR (m.claim_token = u.token AND m.state = 'claimed'))
+        RETURNING m.msg_id, m.queue, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at, m.last_error
     ), kept AS (
         INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, headers,
                                      enqueued_at, last_error)
         SELECT g.msg_id, g.queue, outcome, g.priority, g.attempt, g.payload, g.headers,
                g.enqueued_at, coalesce(error, g.last_error)
           FROM gone g
-        RETURNING msg_id
+        RETURNING history.msg_id
     )
     SELECT k.msg_id FROM kept k ORDER BY k.msg_id;
-END;
-
--- Locks and returns the claims still held under these tokens.
-CREATE FUNCTION pgqueue._held(msg_ids bigint[], claim_tokens uuid[])
-RETURNS TABLE (msg_id bigint, attempt integer, max_attempts integer)
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT m.msg_id, m.attempt, q.max_attempts
-      FROM pgqueue.messages m
-      JOIN unnest(msg_ids, claim_tokens) AS held(id, token)
-        ON m.msg_id = held.id AND m.claim_token = held.token
-      JOIN pgqueue.queues q ON q.queue = m.queue
-     WHERE m.state = 'claimed'
-     ORDER BY m.msg_id
-       FOR UPDATE OF m;
-END;
+END
+$$;
 
 CREATE FUNCTION pgqueue.pgq_ack(msg_ids bigint[], claim_tokens uuid[]) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
-    RETURN QUERY SELECT pgqueue._to_history(
-        ARRAY(SELECT h.msg_id FROM pgqueue._held(msg_ids, claim_tokens) h), 'completed');
+    RETURN QUERY SELECT pgqueue._to_history(msg_ids, claim_tokens, 'completed');
 END
 $$;
 
 CREATE FUNCTION pgqueue.pgq_ack(msg_id bigint, claim_token uuid) RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN EXISTS (
-    SELECT FROM pgqueue.pgq_ack(ARRAY[pgqueue._require(msg_id, 'msg_id')],
-                                ARRAY[pgqueue._require(claim_token, 'claim_token')]));
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN EXISTS (
+        SELECT FROM pgqueue._to_history(ARRAY[pgqueue._require(msg_id, 'msg_id')],
+                                        ARRAY[pgqueue._require(claim_token, 'claim_token')], 'completed'));
+END
+$$;
 
 -- Default retry delay after the n-th attempt: 1 s, 2 s, 4 s, ... capped at one hour.
 CREATE FUNCTION pgqueue._backoff(attempt integer) RETURNS interval
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE
 RETURN least(interval '1 second' * power(2, least(greatest(attempt - 1, 0), 12)), interval '1 hour');
 
 CREATE FUNCTION pgqueue.pgq_nack(
@@ -71,12 +65,15 @@ BEGIN
     PERFORM pgqueue._require(msg_id, 'msg_id');
     PERFORM pgqueue._require(claim_token, 'claim_token');
     PERFORM pgqueue._check_delay(retry_in, 'retry_in');
-    SELECT * INTO h FROM pgqueue._held(ARRAY[msg_id], ARRAY[claim_token]);
+    SELECT m.msg_id, m.attempt, q.max_attempts INTO h
+      FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
+     WHERE m.msg_id = msg_id AND m.claim_token = claim_token AND m.state = 'claimed'
+       FOR UPDATE OF m;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     IF h.attempt >= h.max_attempts THEN
-        PERFORM pgqueue._to_history(ARRAY[msg_id], 'dead', coalesce(error, 'nacked on the last attempt'));
+        PERFORM pgqueue._to_history(ARRAY[msg_id], NULL, 'dead', coalesce(error, 'nacked on the last attempt'));
         RETURN true;
     END IF;
     wait := coalesce(retry_in, pgqueue._backoff(h.attempt));
@@ -92,12 +89,14 @@ $$;
 
 CREATE FUNCTION pgqueue.pgq_fail(msg_id bigint, claim_token uuid, error text DEFAULT NULL)
 RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN EXISTS (
-    SELECT FROM pgqueue._to_history(
-        ARRAY(SELECT h.msg_id FROM pgqueue._held(ARRAY[pgqueue._require(msg_id, 'msg_id')],
-                                                 ARRAY[pgqueue._require(claim_token, 'claim_token')]) h),
-        'dead', coalesce(error, 'failed by the consumer')));
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN EXISTS (
+        SELECT FROM pgqueue._to_history(ARRAY[pgqueue._require(msg_id, 'msg_id')],
+                                        ARRAY[pgqueue._require(claim_token, 'claim_token')],
+                                        'dead', coalesce(error, 'failed by the consumer')));
+END
+$$;
 
 -- One batch of re-arming: expired claims with msg_id > after_msg_id, in msg_id order, back
 -- to ready, or to dead letter when the queue's max_attempts is used up. Rows another session
@@ -131,7 +130,7 @@ BEGIN
      WHERE m.msg_id = ANY (retry);
     rearmed := cardinality(retry);
     dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
-        exhausted, 'dead', 'lease expired on the last attempt'));
+        exhausted, NULL, 'dead', 'lease expired on the last attempt'));
     more := seen >= max_rows;
     RETURN NEXT;
 END

@@ -2,7 +2,7 @@
 
 -- The history partition that holds a queue's completed and dead-lettered messages.
 CREATE FUNCTION pgqueue._history_table(queue text) RETURNS text
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE
 RETURN 'history_' || queue;
 
 -- Creates the day partition of a queue's history that holds `day`, unless it exists.

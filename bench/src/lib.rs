@@ -310,6 +310,14 @@ impl Bench {
         ids.len()
     }
 
+    /// Switches the background workers on or off (and gives them a moment to notice).
+    fn worker(c: &mut Client, on: bool) {
+        let sql = if on { "ALTER SYSTEM RESET pgqueue.enabled" } else { "ALTER SYSTEM SET pgqueue.enabled = off" };
+        c.batch_execute(sql).unwrap();
+        c.batch_execute("SELECT pg_reload_conf()").unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+
     fn vacuum(c: &mut Client) {
         // One statement each: VACUUM refuses to run in the implicit transaction of a batch.
         c.batch_execute("VACUUM (ANALYZE) pgqueue.messages").unwrap();
@@ -555,6 +563,8 @@ impl Bench {
     fn prune(&self) -> Prune {
         let mut c = self.connect();
         self.reset(&mut c);
+        // The worker would prune the old partition by itself: this measures one pgq_prune call.
+        Self::worker(&mut c, false);
         let n = self.sizes.prune_rows;
         self.say(&format!("prune: {n} completed messages five days old"));
         c.batch_execute(&format!(
@@ -605,6 +615,7 @@ impl Bench {
         for t in claimers {
             t.join().unwrap();
         }
+        Self::worker(&mut c, true);
         let outcome: String = rows.first().map(|r| r.get(0)).unwrap_or_default();
         let removed: i64 = rows.iter().map(|r| r.get::<_, i64>(1)).sum();
         Prune {
