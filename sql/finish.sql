@@ -101,9 +101,11 @@ $$;
 -- One batch of re-arming: expired claims with msg_id > after_msg_id, in msg_id order, back
 -- to ready, or to dead letter when the queue's max_attempts is used up. Rows another session
 -- holds locked are skipped (SKIP LOCKED), so many sessions can run it at once and each
--- expired claim is re-armed exactly once; a live lease is never touched. The cursor makes
--- every batch an index seek past what was already swept, however large the backlog.
--- `more` says the batch hit max_rows (more may follow after last_msg_id).
+-- expired claim is re-armed exactly once; a live lease is never touched.
+-- The lease is in no index (renewals stay HOT), so expiry is checked row by row; to keep
+-- every batch the same cost however many claims are in flight, a batch looks at a window of
+-- at most 4 x max_rows in-flight rows after the cursor (an index seek, never a rescan of
+-- what was already swept). `more` says there may be more after last_msg_id.
 CREATE FUNCTION pgqueue._rearm_batch(after_msg_id bigint, max_rows integer, queue text DEFAULT NULL)
 RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_msg_id bigint, more boolean)
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
@@ -111,15 +113,22 @@ LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS
 DECLARE
     retry bigint[];
     exhausted bigint[];
-    seen integer;
+    window_end bigint;
+    window_full boolean;
 BEGIN
+    SELECT max(w.msg_id), count(*) >= 4 * max_rows INTO window_end, window_full
+      FROM (SELECT m.msg_id FROM pgqueue.messages m
+             WHERE m.state = 'claimed' AND m.msg_id > after_msg_id
+             ORDER BY m.msg_id LIMIT 4 * max_rows) w;
     SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt < e.max_attempts), '{}'),
            coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt >= e.max_attempts), '{}'),
-           max(e.msg_id), count(*)
-      INTO retry, exhausted, last_msg_id, seen
+           CASE WHEN count(*) >= max_rows THEN max(e.msg_id) ELSE window_end END,
+           count(*) >= max_rows OR window_full
+      INTO retry, exhausted, last_msg_id, more
       FROM (SELECT m.msg_id, m.attempt, q.max_attempts
               FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
-             WHERE m.state = 'claimed' AND m.msg_id > after_msg_id AND m.lease_expires_at <= now()
+             WHERE m.state = 'claimed' AND m.msg_id > after_msg_id AND m.msg_id <= window_end
+               AND m.lease_expires_at <= now()
                AND (queue IS NULL OR m.queue = queue)
              ORDER BY m.msg_id
              LIMIT max_rows
@@ -131,7 +140,6 @@ BEGIN
     rearmed := cardinality(retry);
     dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
         exhausted, NULL, 'dead', 'lease expired on the last attempt'));
-    more := seen >= max_rows;
     RETURN NEXT;
 END
 $$;
@@ -142,6 +150,9 @@ CREATE FUNCTION pgqueue.pgq_rearm(max_rows integer DEFAULT 5000, queue text DEFA
 RETURNS TABLE (rearmed bigint, dead_lettered bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
+DECLARE
+    cursor_at bigint := 0;
+    b record;
 BEGIN
     IF pgqueue._require(pgq_rearm.max_rows, 'max_rows') NOT BETWEEN 1 AND 1000000 THEN
         PERFORM pgqueue._invalid('max_rows', pg_catalog.format('%s is not between 1 and 1000000', pgq_rearm.max_rows));
@@ -149,7 +160,18 @@ BEGIN
     IF pgq_rearm.queue IS NOT NULL THEN
         PERFORM pgqueue._queue(pgq_rearm.queue);
     END IF;
-    RETURN QUERY SELECT b.rearmed, b.dead_lettered FROM pgqueue._rearm_batch(0, pgq_rearm.max_rows, pgq_rearm.queue) b;
+    rearmed := 0;
+    dead_lettered := 0;
+    -- Windows until max_rows are done or every in-flight row was looked at.
+    LOOP
+        SELECT * INTO b FROM pgqueue._rearm_batch(cursor_at, pgq_rearm.max_rows - (rearmed + dead_lettered)::integer,
+                                                  pgq_rearm.queue);
+        rearmed := rearmed + b.rearmed;
+        dead_lettered := dead_lettered + b.dead_lettered;
+        EXIT WHEN NOT b.more OR rearmed + dead_lettered >= pgq_rearm.max_rows OR b.last_msg_id IS NULL;
+        cursor_at := b.last_msg_id;
+    END LOOP;
+    RETURN NEXT;
 END
 $$;
 
