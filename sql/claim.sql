@@ -43,15 +43,28 @@ CREATE FUNCTION pgqueue.pgq_claim(
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    q pgqueue.queues := pgqueue._queue(pgq_claim.queue);
-    granted interval := coalesce(pgqueue._check_lease(pgq_claim.lease), q.lease);
+    q pgqueue.queues;
+    granted interval;
     bound_pid integer;
     bound_start timestamptz;
 BEGIN
-    IF pgqueue._require(pgq_claim.qty, 'qty') NOT BETWEEN 1 AND 1000 THEN
-        PERFORM pgqueue._invalid('qty', pg_catalog.format('%s is not between 1 and 1000', pgq_claim.qty));
+    -- The checks call their helpers (which raise) only when something is wrong: the claim is
+    -- the hottest path, and a function call per check costs more than the claim's own query.
+    SELECT * INTO q FROM pgqueue.queues qs WHERE qs.queue = pgq_claim.queue;
+    IF NOT FOUND THEN
+        q := pgqueue._queue(pgq_claim.queue);
     END IF;
-    IF pgqueue._require(pgq_claim.session_bound, 'session_bound') THEN
+    IF pgq_claim.qty IS NULL OR pgq_claim.qty NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgqueue._invalid('qty', pg_catalog.format('%s is not between 1 and 1000',
+                                                            pgqueue._require(pgq_claim.qty, 'qty')));
+    END IF;
+    IF pgq_claim.lease IS NOT NULL THEN
+        PERFORM pgqueue._check_lease(pgq_claim.lease);
+    END IF;
+    granted := coalesce(pgq_claim.lease, q.lease);
+    IF pgq_claim.session_bound IS NULL THEN
+        PERFORM pgqueue._require(pgq_claim.session_bound, 'session_bound');
+    ELSIF pgq_claim.session_bound THEN
         bound_pid := pg_backend_pid();
         SELECT a.backend_start INTO bound_start FROM pg_stat_get_activity(bound_pid) a;
     END IF;

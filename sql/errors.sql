@@ -110,19 +110,40 @@ END
 $$;
 
 -- 54000: a payload larger than pgqueue.max_payload_bytes (jsonb size, pg_column_size).
-CREATE FUNCTION pgqueue._check_payload(payload jsonb, argument text DEFAULT 'payload') RETURNS jsonb
+CREATE FUNCTION pgqueue._check_payload_size(size integer) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    size integer;
-    max_size integer;
+    max_size integer := pgqueue._max_payload_bytes();
 BEGIN
-    PERFORM pgqueue._require(payload, argument);
-    size := pg_catalog.pg_column_size(payload);
-    max_size := pgqueue._max_payload_bytes();
     IF size > max_size THEN
         RAISE EXCEPTION 'pgqueue: payload of % bytes is larger than pgqueue.max_payload_bytes (%)', size, max_size
             USING ERRCODE = 'program_limit_exceeded';
     END IF;
+END
+$$;
+
+CREATE FUNCTION pgqueue._check_payload(payload jsonb, argument text DEFAULT 'payload') RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM pgqueue._require(payload, argument);
+    PERFORM pgqueue._check_payload_size(pg_catalog.pg_column_size(payload));
     RETURN payload;
+END
+$$;
+
+-- A whole batch's payloads in one pass: 22004 if any is NULL, 54000 if the largest is too big.
+CREATE FUNCTION pgqueue._check_payloads(payloads jsonb[]) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    nulls bigint;
+    largest integer;
+BEGIN
+    PERFORM pgqueue._require(payloads, 'payloads');
+    SELECT count(*) FILTER (WHERE p IS NULL), max(pg_catalog.pg_column_size(p)) INTO nulls, largest
+      FROM unnest(payloads) p;
+    IF nulls > 0 THEN
+        PERFORM pgqueue._require(NULL::jsonb, 'payloads');
+    END IF;
+    PERFORM pgqueue._check_payload_size(largest);
 END
 $$;

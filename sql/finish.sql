@@ -39,9 +39,11 @@ $$;
 CREATE FUNCTION pgqueue.pgq_ack(msg_id bigint, claim_token uuid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    RETURN EXISTS (
-        SELECT FROM pgqueue._to_history(ARRAY[pgqueue._require(msg_id, 'msg_id')],
-                                        ARRAY[pgqueue._require(claim_token, 'claim_token')], 'completed'));
+    IF msg_id IS NULL OR claim_token IS NULL THEN
+        PERFORM pgqueue._require(msg_id, 'msg_id');
+        PERFORM pgqueue._require(claim_token, 'claim_token');
+    END IF;
+    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'completed'));
 END
 $$;
 

@@ -13,14 +13,13 @@ DECLARE
     q pgqueue.queues := pgqueue._queue(queue);
     due timestamptz;
 BEGIN
-    PERFORM pgqueue._require(payloads, 'payloads');
+    PERFORM pgqueue._check_payloads(payloads);
     PERFORM pgqueue._check_delay(pgqueue._require(delay, 'delay'), 'delay');
     PERFORM pgqueue._check_priority(priority);
     IF pg_catalog.cardinality(payloads) > 10000 THEN
         PERFORM pgqueue._invalid('payloads', pg_catalog.format(
             '%s messages in one call; at most 10000', pg_catalog.cardinality(payloads)));
     END IF;
-    PERFORM pgqueue._check_payload(p, 'payloads') FROM pg_catalog.unnest(payloads) p;
     due := CASE WHEN delay > interval '0' THEN now() + delay END;
     RETURN QUERY
     INSERT INTO pgqueue.messages (queue, state, priority, payload, headers, visible_at)
