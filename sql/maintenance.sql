@@ -33,7 +33,7 @@ END;
 -- days. Creating one locks the queue's history briefly: only under prune_lock_timeout, and a
 -- lock not granted in time is retried next tick (rows meanwhile go to the default partition).
 CREATE FUNCTION pgqueue._maintain_partitions() RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' SET lock_timeout = '5s' AS $$
 DECLARE
     q text;
     day date;
@@ -50,6 +50,8 @@ BEGIN
             EXCEPTION
                 WHEN lock_not_available THEN NULL;  -- busy: next tick
                 WHEN check_violation THEN NULL;     -- that day's rows already sit in the default partition
+                WHEN OTHERS THEN                    -- one queue's trouble must not stop the others
+                    RAISE WARNING 'pgqueue: cannot add the % partition of queue %: %', day, q, SQLERRM;
             END;
         END LOOP;
     END LOOP;
@@ -69,7 +71,8 @@ $$;
 CREATE TYPE pgqueue.prune_result AS (queue text, target text, outcome text, rows bigint);
 
 CREATE FUNCTION pgqueue.pgq_prune(queue text DEFAULT NULL) RETURNS SETOF pgqueue.prune_result
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET jit = off SET TimeZone = 'UTC' SET lock_timeout = '5s' AS $$
 #variable_conflict use_column
 DECLARE
     r pgqueue.prune_result;
@@ -80,6 +83,7 @@ DECLARE
     n bigint;
     newest timestamptz;
     setback boolean;
+    parent regclass;
 BEGIN
     IF pgq_prune.queue IS NOT NULL THEN
         PERFORM pgqueue._queue(pgq_prune.queue);
@@ -95,6 +99,8 @@ BEGIN
             RETURN NEXT r;
             CONTINUE;
         END IF;
+        parent := to_regclass(format('pgqueue.%I', pgqueue._history_table(q.queue)));
+        CONTINUE WHEN parent IS NULL;  -- the queue is being dropped
         IF NOT pg_try_advisory_xact_lock(hashtext('pgqueue.pgq_prune'), hashtext(q.queue)) THEN
             r.outcome := 'skipped_active';
             setback := true;
@@ -105,25 +111,31 @@ BEGIN
             r.outcome := 'noop';
             FOR part IN
                 SELECT c.relname::text AS name,
-                       CASE WHEN c.relname::text ~ '_\d{8}$'
+                       CASE WHEN c.relname::text ~ '\$\d{8}$'
                             THEN to_date(right(c.relname::text, 8), 'YYYYMMDD') END AS day
                   FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-                 WHERE i.inhparent = format('pgqueue.%I', pgqueue._history_table(q.queue))::regclass
+                 WHERE i.inhparent = parent
                  ORDER BY 2 NULLS LAST
             LOOP
                 CONTINUE WHEN part.day IS NOT NULL AND (part.day + 1)::timestamptz > cutoff;
                 BEGIN
+                    -- Only the lock waits are bounded by the prune lock timeout.
+                    PERFORM set_config('lock_timeout', timeout, true);
                     IF part.day IS NULL THEN
-                        -- The default partition: truncated once everything in it is past.
+                        -- The default partition: truncated once everything in it is past. Lock
+                        -- first, so no ack can slip in between the check and the truncate.
+                        EXECUTE format('LOCK TABLE pgqueue.%I IN ACCESS EXCLUSIVE MODE', part.name);
+                        PERFORM set_config('lock_timeout', '5s', true);
                         EXECUTE format('SELECT count(*), max(finished_at) FROM pgqueue.%I', part.name)
                            INTO n, newest;
                         CONTINUE WHEN n = 0 OR newest > cutoff;
-                        PERFORM set_config('lock_timeout', timeout, true);
                         EXECUTE format('TRUNCATE pgqueue.%I', part.name);
                     ELSE
+                        PERFORM set_config('lock_timeout', '5s', true);
                         EXECUTE format('SELECT count(*) FROM pgqueue.%I', part.name) INTO n;
                         PERFORM set_config('lock_timeout', timeout, true);
                         EXECUTE format('DROP TABLE pgqueue.%I', part.name);
+                        PERFORM set_config('lock_timeout', '5s', true);
                     END IF;
                     r.target := part.name;
                     r.outcome := 'pruned';
@@ -148,17 +160,22 @@ BEGIN
             END IF;
         END IF;
         -- Back off a queue whose pruning keeps being blocked: 3 in a row, then 1 min, 2 min, … 1 h.
-        IF setback THEN
-            INSERT INTO pgqueue.prune_state AS s (queue, failures, retry_after)
-            VALUES (q.queue, 1, now())
-            ON CONFLICT (queue) DO UPDATE
-               SET failures = s.failures + 1,
-                   retry_after = now() + CASE WHEN s.failures + 1 >= 3
-                       THEN least(interval '1 minute' * power(2, least(s.failures - 2, 10)), interval '1 hour')
-                       ELSE interval '0' END;
-        ELSE
-            DELETE FROM pgqueue.prune_state s WHERE s.queue = q.queue;
-        END IF;
+        -- (Bookkeeping never fails the prune: another pruner may hold the row a moment.)
+        BEGIN
+            IF setback THEN
+                INSERT INTO pgqueue.prune_state AS s (queue, failures, retry_after)
+                VALUES (q.queue, 1, now())
+                ON CONFLICT (queue) DO UPDATE
+                   SET failures = s.failures + 1,
+                       retry_after = now() + CASE WHEN s.failures + 1 >= 3
+                           THEN least(interval '1 minute' * power(2, least(s.failures - 2, 10)), interval '1 hour')
+                           ELSE interval '0' END;
+            ELSE
+                DELETE FROM pgqueue.prune_state s WHERE s.queue = q.queue;
+            END IF;
+        EXCEPTION WHEN lock_not_available OR foreign_key_violation THEN
+            NULL;
+        END;
     END LOOP;
 END
 $$;

@@ -1,23 +1,30 @@
 -- Queue management: create, drop, pause, resume.
 
--- The history partition that holds a queue's completed and dead-lettered messages.
+-- The history partition that holds a queue's completed and dead-lettered messages. Its own
+-- partitions are named history_<queue>$<YYYYMMDD> and history_<queue>$default: queue names
+-- cannot contain '$', so no queue's tables can collide with another's.
 CREATE FUNCTION pgqueue._history_table(queue text) RETURNS text
 LANGUAGE sql IMMUTABLE
 RETURN 'history_' || queue;
 
--- Creates the day partition of a queue's history that holds `day`, unless it exists.
+-- Creates the day partition of a queue's history that holds `day` (a UTC day), unless it
+-- exists. Created apart, then attached: attaching locks the queue's history only in SHARE
+-- UPDATE EXCLUSIVE mode, so acks keep flowing.
 CREATE FUNCTION pgqueue._ensure_history_day(queue text, day date) RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
 DECLARE
     parent text := pgqueue._history_table(queue);
-    part text := parent || '_' || pg_catalog.to_char(day, 'YYYYMMDD');
+    part text := parent || '$' || pg_catalog.to_char(day, 'YYYYMMDD');
 BEGIN
-    IF pg_catalog.to_regclass(pg_catalog.format('pgqueue.%I', part)) IS NOT NULL THEN
+    IF EXISTS (SELECT FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                WHERE i.inhparent = pg_catalog.format('pgqueue.%I', parent)::regclass AND c.relname = part) THEN
         RETURN false;
     END IF;
     EXECUTE pg_catalog.format(
-        'CREATE TABLE pgqueue.%I PARTITION OF pgqueue.%I FOR VALUES FROM (%L) TO (%L)',
-        part, parent, day::timestamptz, (day + 1)::timestamptz);
+        'CREATE TABLE pgqueue.%I (LIKE pgqueue.history INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', part);
+    EXECUTE pg_catalog.format(
+        'ALTER TABLE pgqueue.%I ATTACH PARTITION pgqueue.%I FOR VALUES FROM (%L) TO (%L)',
+        parent, part, day::timestamptz, (day + 1)::timestamptz);
     RETURN true;
 END
 $$;
@@ -30,7 +37,7 @@ CREATE FUNCTION pgqueue.pgq_create_queue(
     retention interval DEFAULT '7 days',
     paused boolean DEFAULT false
 ) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
 DECLARE
     day date;
 BEGIN
@@ -59,26 +66,31 @@ BEGIN
         RAISE EXCEPTION 'pgqueue: queue "%" already exists', queue USING ERRCODE = 'duplicate_object';
     END IF;
 
+    -- Built apart and attached last: attaching locks pgqueue.history only in SHARE UPDATE
+    -- EXCLUSIVE mode, so other queues' acks are not held up.
     EXECUTE pg_catalog.format(
-        'CREATE TABLE pgqueue.%I PARTITION OF pgqueue.history FOR VALUES IN (%L) PARTITION BY RANGE (finished_at)',
-        pgqueue._history_table(queue), queue);
+        'CREATE TABLE pgqueue.%I (LIKE pgqueue.history INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (finished_at)',
+        pgqueue._history_table(queue));
     -- Rows that arrive before their day's partition exists land here; never lost.
     EXECUTE pg_catalog.format('CREATE TABLE pgqueue.%I PARTITION OF pgqueue.%I DEFAULT',
-        pgqueue._history_table(queue) || '_default', pgqueue._history_table(queue));
+        pgqueue._history_table(queue) || '$default', pgqueue._history_table(queue));
     FOR day IN SELECT d::date FROM pg_catalog.generate_series(now()::date, now()::date + 2, '1 day') d LOOP
         PERFORM pgqueue._ensure_history_day(queue, day);
     END LOOP;
+    EXECUTE pg_catalog.format('ALTER TABLE pgqueue.history ATTACH PARTITION pgqueue.%I FOR VALUES IN (%L)',
+        pgqueue._history_table(queue), queue);
 END
 $$;
 
 CREATE FUNCTION pgqueue.pgq_drop_queue(queue text, force boolean DEFAULT false) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '5s' AS $$
 DECLARE
     in_flight bigint;
 BEGIN
     PERFORM pgqueue._require(force, 'force');
+    PERFORM pgqueue._queue(queue);
     -- Lock the queue row: no send or claim can start on it until this commits.
-    PERFORM FROM pgqueue.queues q WHERE q.queue = (pgqueue._queue(pgq_drop_queue.queue)).queue FOR UPDATE;
+    PERFORM FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue FOR UPDATE;
     SELECT count(*) INTO in_flight FROM pgqueue.messages m
      WHERE m.queue = pgq_drop_queue.queue AND m.state = 'claimed';
     IF in_flight > 0 AND NOT force THEN
@@ -87,18 +99,24 @@ BEGIN
                   HINT = 'Wait for the consumers to finish, or pass force => true.';
     END IF;
     DELETE FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue;  -- cascades to messages
+    -- Dropping a partition locks pgqueue.history exclusively: wait for that at most
+    -- lock_timeout (5 s, this function's setting), then fail with 55P03 and change nothing.
     EXECUTE pg_catalog.format('DROP TABLE pgqueue.%I', pgqueue._history_table(queue));
 END
 $$;
 
 CREATE FUNCTION pgqueue.pgq_pause_queue(queue text) RETURNS void
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    UPDATE pgqueue.queues q SET paused = true WHERE q.queue = (pgqueue._queue(pgq_pause_queue.queue)).queue;
-END;
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgqueue._queue(queue);
+    UPDATE pgqueue.queues q SET paused = true WHERE q.queue = pgq_pause_queue.queue;
+END
+$$;
 
 CREATE FUNCTION pgqueue.pgq_resume_queue(queue text) RETURNS void
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    UPDATE pgqueue.queues q SET paused = false WHERE q.queue = (pgqueue._queue(pgq_resume_queue.queue)).queue;
-END;
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgqueue._queue(queue);
+    UPDATE pgqueue.queues q SET paused = false WHERE q.queue = pgq_resume_queue.queue;
+END
+$$;

@@ -87,6 +87,7 @@ CREATE INDEX history_dead_idx ON pgqueue.history (queue, msg_id) WHERE outcome =
 -- Queue data is user data: pg_dump keeps it.
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.queues', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages_msg_id_seq', '');
 
 -- Prune backoff: queues whose pruning was blocked or skipped repeatedly wait a while.
 CREATE TABLE pgqueue.prune_state (

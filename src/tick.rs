@@ -260,6 +260,13 @@ fn in_subtransaction<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -
             pg_sys::RollbackAndReleaseCurrentSubTransaction();
         }
         restore();
+        // A cancel or statement timeout is the caller's, not a step's failure: pass it on,
+        // as PL/pgSQL's WHEN OTHERS does.
+        if let CaughtError::PostgresError(e) | CaughtError::ErrorReport(e) = &error
+            && e.sql_error_code() == PgSqlErrorCode::ERRCODE_QUERY_CANCELED
+        {
+            error.rethrow();
+        }
         Err(message(&error))
     })
     .execute()

@@ -582,7 +582,7 @@ impl Bench {
         let size = |c: &mut Client| -> i64 {
             c.query_one(
                 "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
-                  WHERE c.relname LIKE 'history\\_bench\\_%' AND c.relkind = 'r'",
+                  WHERE c.relname LIKE 'history\\_bench$%' AND c.relkind = 'r'",
                 &[],
             )
             .unwrap()

@@ -115,7 +115,7 @@ pub fn queue_with_old_history(c: &mut Client, rows: i64) -> (String, String) {
     )
     .unwrap();
     let part: String = c
-        .query_one("SELECT format('history_%s_%s', $1::text, to_char(current_date - 5, 'YYYYMMDD'))", &[&q])
+        .query_one("SELECT format('history_%s$%s', $1::text, to_char(current_date - 5, 'YYYYMMDD'))", &[&q])
         .unwrap()
         .get(0);
     (q, part)

@@ -70,6 +70,30 @@ fn create_and_drop_queues() {
 }
 
 #[test]
+fn history_days_are_utc_days_whatever_the_session_time_zone() {
+    let mut c = connect();
+    c.batch_execute("SET TimeZone = 'America/New_York'").unwrap();
+    let q = new_queue(&mut c, "");
+    // A session in another zone (as the worker's is UTC) adds the same days: no overlap error.
+    c.execute("SELECT pgqueue._maintain_partitions()", &[]).unwrap();
+    c.batch_execute("SET TimeZone = 'Asia/Tokyo'").unwrap();
+    c.execute("SELECT pgqueue._maintain_partitions()", &[]).unwrap();
+    c.batch_execute("SET TimeZone = 'UTC'").unwrap();
+    let bounds: Vec<String> = c
+        .query(
+            "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+              WHERE i.inhparent = format('pgqueue.%I', 'history_' || $1::text)::regclass AND c.relname LIKE '%$2%'",
+            &[&q],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(bounds.len() >= 3, "{bounds:?}");
+    assert!(bounds.iter().all(|b| b.matches("00:00:00+00").count() == 2), "UTC midnights: {bounds:?}");
+}
+
+#[test]
 fn queue_names_are_validated() {
     let mut c = connect();
     let long = "a".repeat(41);
@@ -82,6 +106,9 @@ fn queue_names_are_validated() {
     assert_eq!(sqlstate(c.execute("SELECT * FROM pgqueue.pgq_claim('no_such_queue')", &[])), "42704");
     assert_eq!(sqlstate(c.execute("SELECT * FROM pgqueue.pgq_claim('Bad Name')", &[])), "22023");
     assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_redrive('no_such_queue')", &[])), "42704");
+    for f in ["pgq_pause_queue", "pgq_resume_queue", "pgq_drop_queue"] {
+        assert_eq!(sqlstate(c.execute(&format!("SELECT pgqueue.{f}('no_such_queue')"), &[])), "42704", "{f}");
+    }
     let max = "a".repeat(40);
     c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&max]).unwrap();
     c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&max]).unwrap();
