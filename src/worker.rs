@@ -6,6 +6,7 @@
 
 use crate::guc;
 use crate::tick::{self, Bracket, Plan};
+use pgrx::PgMemoryContexts;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, DynamicBackgroundWorker, SignalWakeFlags,
 };
@@ -42,7 +43,9 @@ pub extern "C-unwind" fn pgqueue_launcher_main(_arg: pg_sys::Datum) {
     // No database: the launcher only reads the shared catalog pg_database.
     BackgroundWorker::connect_worker_to_spi(None, None);
     log!("pgqueue launcher started");
-    let mut workers: HashMap<u32, (DynamicBackgroundWorker, Instant)> = HashMap::new();
+    // Each worker's handle lives in a memory context of its own, deleted with the entry:
+    // the postmaster's handles would otherwise pile up in the launcher's top context.
+    let mut workers: HashMap<u32, (DynamicBackgroundWorker, PgMemoryContexts)> = HashMap::new();
     let mut probed: HashMap<u32, Instant> = HashMap::new();
     loop {
         if BackgroundWorker::sighup_received() {
@@ -66,9 +69,11 @@ pub extern "C-unwind" fn pgqueue_launcher_main(_arg: pg_sys::Datum) {
                 continue;
             }
             probed.insert(*oid, Instant::now());
-            match start_database_worker(*oid, name) {
+            let mut context = PgMemoryContexts::new("pgqueue worker handle");
+            // SAFETY: the handle is allocated in `context`, which lives as long as the entry.
+            match unsafe { context.switch_to(|_| start_database_worker(*oid, name)) } {
                 Ok(worker) => {
-                    workers.insert(*oid, (worker, Instant::now()));
+                    workers.insert(*oid, (worker, context));
                 }
                 Err(e) => warning!(
                     "pgqueue launcher: cannot start a worker for database \"{name}\": {e:?} (max_worker_processes?)"
