@@ -168,7 +168,8 @@ fn the_worker_rearms_an_expired_claim_by_itself() {
     wait_for("the worker to re-arm the claim", LIMIT, || {
         (state_of(&mut c, id).as_deref() == Some("ready")).then_some(())
     });
-    assert!(stat(&mut c, "rearmed") > rearmed);
+    // The counters are written at the end of the tick that re-armed it.
+    wait_for("the re-arm counted", LIMIT, || (stat(&mut c, "rearmed") > rearmed).then_some(()));
     // And a delayed message is promoted in bulk by the worker too.
     let later: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}', delay => '200 ms')", &[&q]).unwrap().get(0);
     wait_for("the worker to promote a due message", LIMIT, || {
@@ -243,6 +244,10 @@ fn a_hundred_thousand_abandoned_claims_drain_in_bounded_passes_while_live_work_f
         )
         .unwrap();
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (ABANDONED, ABANDONED), "every one claimable again");
+    // The last pass's counts are written at the end of its tick: wait for them, then make
+    // sure no re-arm is counted twice.
+    wait_for("the last pass counted", LIMIT, || (stat(&mut c, "rescue_rows") - rows0 >= ABANDONED).then_some(()));
+    std::thread::sleep(Duration::from_millis(500));
     let (rows, batches) = (stat(&mut c, "rescue_rows") - rows0, stat(&mut c, "rescue_batches") - batches0);
     assert_eq!(rows, ABANDONED, "each abandoned claim re-armed exactly once");
     assert!(batches >= ABANDONED / 500, "bounded batches of 500: {batches}");
