@@ -260,10 +260,10 @@ fn delayed_messages_become_claimable_without_the_worker() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
     let later: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '1', delay => '1 hour')", &[&q]).unwrap().get(0);
-    let soon: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '2', delay => '300 ms')", &[&q]).unwrap().get(0);
+    let soon: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '2', delay => '2 s')", &[&q]).unwrap().get(0);
     assert_eq!(state_of(&mut c, later).as_deref(), Some("delayed"));
     assert!(claim(&mut c, &q, 10).is_empty(), "nothing is due yet");
-    std::thread::sleep(Duration::from_millis(400));
+    std::thread::sleep(Duration::from_millis(2200));
     // Claimed even if the worker never ran: the claim promotes due messages itself.
     let got: Vec<i64> = claim(&mut c, &q, 10).into_iter().map(|(id, ..)| id).collect();
     assert_eq!(got, vec![soon]);
