@@ -105,18 +105,23 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION pgqueue.pgq_pause_queue(queue text) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- Pausing: claims on a paused queue return nothing; sends still go in.
+CREATE FUNCTION pgqueue._set_paused(queue text, paused boolean) RETURNS void
+LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pgqueue._queue(queue);
-    UPDATE pgqueue.queues q SET paused = true WHERE q.queue = pgq_pause_queue.queue;
+    UPDATE pgqueue.queues q SET paused = _set_paused.paused WHERE q.queue = _set_paused.queue;
 END
 $$;
 
+CREATE FUNCTION pgqueue.pgq_pause_queue(queue text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT pgqueue._set_paused(queue, true);
+END;
+
 CREATE FUNCTION pgqueue.pgq_resume_queue(queue text) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM pgqueue._queue(queue);
-    UPDATE pgqueue.queues q SET paused = false WHERE q.queue = pgq_resume_queue.queue;
-END
-$$;
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT pgqueue._set_paused(queue, false);
+END;

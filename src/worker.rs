@@ -63,6 +63,7 @@ pub extern "C-unwind" fn pgqueue_launcher_main(_arg: pg_sys::Datum) {
                 let _ = worker.terminate();
             }
         }
+        probed.retain(|oid, _| wanted.iter().any(|(o, _)| o == oid)); // dropped databases
         for (oid, name) in &wanted {
             let due = probed.get(oid).is_none_or(|at| at.elapsed() >= naptime);
             if workers.contains_key(oid) || !due {

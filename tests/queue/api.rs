@@ -94,6 +94,15 @@ fn history_days_are_utc_days_whatever_the_session_time_zone() {
 }
 
 #[test]
+fn misspelled_settings_are_rejected() {
+    let mut c = connect();
+    // The pgqueue.* prefix is reserved: a typo is an error, not a silently ignored placeholder.
+    assert_eq!(sqlstate(c.batch_execute("SET pgqueue.tick_intervall = '1s'")), "42602");
+    c.batch_execute("SET pgqueue.max_payload_bytes = '2MB'").unwrap();
+    c.batch_execute("RESET pgqueue.max_payload_bytes").unwrap();
+}
+
+#[test]
 fn queue_names_are_validated() {
     let mut c = connect();
     let long = "a".repeat(41);
