@@ -22,5 +22,5 @@ fi
 # Bindings for the benchmark builds differ from the test builds': keep their artifacts apart.
 export CARGO_TARGET_DIR="$PGQUEUE_CACHE/target-bench"
 echo "[bench] installing a release build of pgqueue into $("$pg_config" --version)"
-cargo pgrx install --release --sudo --pg-config "$pg_config" --no-default-features --features "pg$major" >/dev/null
+bash scripts/install.sh --pg-config "$pg_config" 2>&1 | tail -n 1
 cargo run --quiet --release -p pgqueue-bench -- --pg-config "$pg_config" --out "bench-results/pg$major" "$@"

@@ -17,8 +17,7 @@ bindir="$("$pg_config" --bindir)"
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "building and installing pgqueue into PostgreSQL $major"
-cargo pgrx install --release --sudo --pg-config "$pg_config" --no-default-features --features "pg$major" 2>&1 |
-    grep -Ev '^\s*(Compiling|Checking)' || true
+bash scripts/install.sh --pg-config "$pg_config" 2>&1 | { grep -Ev '^\s*(Compiling|Checking)' || true; }
 
 # A data directory owned by the postgres user (the server refuses to run as root).
 datadir="$(mktemp -d /tmp/pgqueue-run.XXXX)"

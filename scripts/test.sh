@@ -11,6 +11,10 @@ bash scripts/setup.sh || exit 1
 # shellcheck source=scripts/env.sh
 source scripts/env.sh
 
+# pgrx's harness installs the extension before it starts a test cluster: through our
+# installer, which replaces files atomically (a server already running keeps working).
+export CARGO_PGRX="$here/install.sh"
+
 versions=("$@")
 ((${#versions[@]})) || versions=(15 17 18)
 

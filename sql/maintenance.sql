@@ -9,12 +9,14 @@ BEGIN ATOMIC
 END;
 
 -- Step "orphans": session-bound claims whose backend has exited (same pid and start time no
--- longer alive) get an expired lease, so the re-arm step that follows makes them claimable.
+-- longer alive in this database) get an expired lease, so the re-arm step that follows makes
+-- them claimable. "In this database": a restored copy's claims belong to no session here.
 CREATE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     WITH alive AS MATERIALIZED (
         SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
+         WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
     ), orphaned AS (
         SELECT m.msg_id FROM pgqueue.messages m
          WHERE m.state = 'claimed' AND m.session_pid IS NOT NULL AND m.lease_expires_at > now()
@@ -65,7 +67,7 @@ $$;
 --   pruned          the partition was dropped (rows: how many it held)
 --   noop            nothing of this queue is past its retention
 --   blocked         the lock was not granted within the timeout; tried again next time
---   skipped_active  another session is pruning this queue right now
+--   skipped_active  another session is pruning this queue, or restoring its history, right now
 --   backed_off      not tried: recent attempts were blocked or skipped (all-queues form only)
 --   error           anything else went wrong (logged as a warning); other partitions go on
 CREATE TYPE pgqueue.prune_result AS (queue text, target text, outcome text, rows bigint);
@@ -101,7 +103,11 @@ BEGIN
         END IF;
         parent := to_regclass(format('pgqueue.%I', pgqueue._history_table(q.queue)));
         CONTINUE WHEN parent IS NULL;  -- the queue is being dropped
-        IF NOT pg_try_advisory_xact_lock(hashtext('pgqueue.pgq_prune'), hashtext(q.queue)) THEN
+        IF NOT pg_try_advisory_xact_lock(hashtext('pgqueue.pgq_prune'), hashtext(q.queue))
+           -- A leaf without its index: a restore is still building this queue's history
+           -- (pg_dump creates indexes last) and may yet load or index a partition we would drop.
+           OR EXISTS (SELECT FROM pg_partition_tree(parent) t
+                       WHERE t.isleaf AND NOT EXISTS (SELECT FROM pg_index i WHERE i.indrelid = t.relid)) THEN
             r.outcome := 'skipped_active';
             setback := true;
             RETURN NEXT r;

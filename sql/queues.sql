@@ -7,6 +7,18 @@ CREATE FUNCTION pgqueue._history_table(queue text) RETURNS text
 LANGUAGE sql IMMUTABLE
 RETURN 'history_' || queue;
 
+-- Indexes one leaf partition of a queue's history, for pgq_redrive's lookups of dead
+-- letters. Every leaf gets it when it is created, before it is attached, so pgq_prune can
+-- take a leaf without it for a restore still under way (pg_dump creates indexes last).
+-- The name is the leaf's plus "_dead": at most 62 characters, and unique as the leaf's is.
+CREATE FUNCTION pgqueue._index_history_part(part text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    EXECUTE pg_catalog.format('CREATE INDEX %I ON pgqueue.%I (msg_id) WHERE outcome = %L',
+        part || '_dead', part, 'dead');
+END
+$$;
+
 -- Creates the day partition of a queue's history that holds `day` (a UTC day), unless it
 -- exists. Created apart, then attached: attaching locks the queue's history only in SHARE
 -- UPDATE EXCLUSIVE mode, so acks keep flowing.
@@ -22,6 +34,7 @@ BEGIN
     END IF;
     EXECUTE pg_catalog.format(
         'CREATE TABLE pgqueue.%I (LIKE pgqueue.history INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', part);
+    PERFORM pgqueue._index_history_part(part);
     EXECUTE pg_catalog.format(
         'ALTER TABLE pgqueue.%I ATTACH PARTITION pgqueue.%I FOR VALUES FROM (%L) TO (%L)',
         parent, part, day::timestamptz, (day + 1)::timestamptz);
@@ -74,6 +87,7 @@ BEGIN
     -- Rows that arrive before their day's partition exists land here; never lost.
     EXECUTE pg_catalog.format('CREATE TABLE pgqueue.%I PARTITION OF pgqueue.%I DEFAULT',
         pgqueue._history_table(queue) || '$default', pgqueue._history_table(queue));
+    PERFORM pgqueue._index_history_part(pgqueue._history_table(queue) || '$default');
     FOR day IN SELECT d::date FROM pg_catalog.generate_series(now()::date, now()::date + 2, '1 day') d LOOP
         PERFORM pgqueue._ensure_history_day(queue, day);
     END LOOP;

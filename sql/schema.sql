@@ -68,7 +68,10 @@ CREATE INDEX messages_session_idx ON pgqueue.messages (session_pid)
 
 -- Completed and dead-lettered messages, kept for each queue's retention. Partitioned by
 -- queue, then by day of finished_at, so pruning drops whole partitions instead of
--- deleting rows. pgq_create_queue creates a queue's partitions.
+-- deleting rows. pgq_create_queue creates a queue's partitions, and each leaf partition its
+-- own index (pgqueue._index_history_part). No index is declared here: a partitioned index on
+-- this table, which belongs to the extension, would be copied onto every partition a
+-- restore attaches, before the restore creates that same index from the dump.
 CREATE TABLE pgqueue.history (
     msg_id      bigint NOT NULL,
     queue       text NOT NULL,
@@ -82,7 +85,6 @@ CREATE TABLE pgqueue.history (
     finished_at timestamptz NOT NULL DEFAULT now(),
     last_error  text
 ) PARTITION BY LIST (queue);
-CREATE INDEX history_dead_idx ON pgqueue.history (queue, msg_id) WHERE outcome = 'dead';
 
 -- Queue data is user data: pg_dump keeps it.
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.queues', '');

@@ -10,7 +10,7 @@ mod schema;
 mod tick;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.1.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.2.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -44,7 +44,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.1.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.2.0".into())));
     }
 
     #[pg_test]

@@ -194,9 +194,27 @@ fn extension_installed() -> bool {
 
 static mut PREVIOUS_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 
-/// DROP DATABASE waits (5 s at most) for other sessions to leave the database, and our
-/// worker is one of them: ask it to leave first, so dropping a database just works.
-#[pg_guard]
+unsafe extern "C-unwind" {
+    /// PostgreSQL's own, declared here without pgrx's guard: see `process_utility`.
+    #[link_name = "standard_ProcessUtility"]
+    fn standard_process_utility(
+        pstmt: *mut pg_sys::PlannedStmt,
+        query: *const std::ffi::c_char,
+        read_only_tree: bool,
+        context: pg_sys::ProcessUtilityContext::Type,
+        params: pg_sys::ParamListInfo,
+        query_env: *mut pg_sys::QueryEnvironment,
+        dest: *mut pg_sys::DestReceiver,
+        qc: *mut pg_sys::QueryCompletion,
+    );
+}
+
+/// Every utility statement of the cluster passes through here. Our own work is guarded on
+/// its own (`before_utility`); the statement itself is handed on unguarded, so that its
+/// ERROR reaches PostgreSQL exactly as raised (through a pgrx guard it would be raised again,
+/// without its position or object fields, and with a Rust backtrace as its DETAIL whenever
+/// RUST_BACKTRACE is set). Nothing in this frame has a destructor, so the error's longjmp
+/// may cross it.
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C-unwind" fn process_utility(
     pstmt: *mut pg_sys::PlannedStmt,
@@ -208,6 +226,21 @@ unsafe extern "C-unwind" fn process_utility(
     dest: *mut pg_sys::DestReceiver,
     qc: *mut pg_sys::QueryCompletion,
 ) {
+    // SAFETY: the arguments are PostgreSQL's, passed on unchanged; the hook chain is read
+    // only after preload.
+    unsafe {
+        before_utility(pstmt);
+        match PREVIOUS_PROCESS_UTILITY {
+            Some(previous) => previous(pstmt, query, read_only_tree, context, params, query_env, dest, qc),
+            None => standard_process_utility(pstmt, query, read_only_tree, context, params, query_env, dest, qc),
+        }
+    }
+}
+
+/// DROP DATABASE waits (5 s at most) for other sessions to leave the database, and our
+/// worker is one of them: ask it to leave first, so dropping a database just works.
+#[pg_guard]
+unsafe extern "C-unwind" fn before_utility(pstmt: *mut pg_sys::PlannedStmt) {
     // SAFETY: pstmt is the statement being executed, valid for the duration of the call.
     unsafe {
         let stmt = (*pstmt).utilityStmt;
@@ -215,29 +248,60 @@ unsafe extern "C-unwind" fn process_utility(
             let name = CStr::from_ptr((*(stmt as *mut pg_sys::DropdbStmt)).dbname).to_string_lossy().into_owned();
             stop_workers_in(&name);
         }
-        match PREVIOUS_PROCESS_UTILITY {
-            Some(previous) => previous(pstmt, query, read_only_tree, context, params, query_env, dest, qc),
-            None => pg_sys::standard_ProcessUtility(pstmt, query, read_only_tree, context, params, query_env, dest, qc),
-        }
     }
 }
 
+/// Signals the workers of `database` to exit, if the caller may drop it: it exists, is not a
+/// template nor the caller's own database, and the caller owns it (or is a superuser). A drop
+/// that PostgreSQL will refuse leaves the worker alone.
 fn stop_workers_in(database: &str) {
-    let pids: Vec<i32> = Spi::connect(|client| {
-        client
-            .select(
-                "SELECT pid FROM pg_catalog.pg_stat_activity WHERE backend_type = $1 AND datname = $2",
-                None,
-                &[WORKER.into(), database.into()],
-            )?
-            .map(|row| row.get::<i32>(1).map(Option::unwrap_or_default))
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .unwrap_or_default();
+    let permitted = Spi::get_one_with_args::<bool>(
+        "SELECT pg_catalog.pg_has_role(datdba, 'USAGE') AND NOT datistemplate
+                AND datname OPERATOR(pg_catalog.<>) pg_catalog.current_database()
+           FROM pg_catalog.pg_database WHERE datname OPERATOR(pg_catalog.=) $1",
+        &[database.into()],
+    );
+    if !matches!(permitted, Ok(Some(true))) {
+        return;
+    }
+    // pg_stat_activity names other roles' backends only to privileged roles, and the owner
+    // of a database need not be one: look as the bootstrap superuser.
+    let pids: Vec<i32> = as_bootstrap_superuser(|| {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT pid FROM pg_catalog.pg_stat_activity
+                      WHERE backend_type OPERATOR(pg_catalog.=) $1 AND datname OPERATOR(pg_catalog.=) $2",
+                    None,
+                    &[WORKER.into(), database.into()],
+                )?
+                .map(|row| row.get::<i32>(1).map(Option::unwrap_or_default))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .unwrap_or_default()
+    });
     for pid in pids {
-        // A direct signal: the worker runs as the bootstrap superuser, whom the user
-        // dropping the database may not be allowed to pg_terminate_backend.
+        // A direct signal: the worker runs as the bootstrap superuser, whom the owner
+        // dropping the database may not pg_terminate_backend.
         // SAFETY: SIGTERM to a process of our own server; it exits at its next wait.
         unsafe { libc::kill(pid, libc::SIGTERM) };
     }
+}
+
+/// Runs `f` with the bootstrap superuser's privileges, then restores the caller's (also when
+/// `f` fails; an aborting transaction would restore them anyway).
+fn as_bootstrap_superuser<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> T {
+    let (mut user, mut security) = (pg_sys::InvalidOid, 0);
+    // SAFETY: saving and switching the current user id, as SECURITY DEFINER calls do.
+    unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut user, &mut security);
+        pg_sys::SetUserIdAndSecContext(
+            pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID),
+            security | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
+        );
+    }
+    PgTryBuilder::new(f)
+        // SAFETY: restores exactly what was saved above.
+        .finally(|| unsafe { pg_sys::SetUserIdAndSecContext(user, security) })
+        .execute()
 }

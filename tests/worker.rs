@@ -306,3 +306,83 @@ fn a_session_bound_claim_comes_back_when_its_backend_dies() {
     assert!(took <= 3, "claimable again within two ticks (took {took})");
     assert_eq!(state_of(&mut c, plain).as_deref(), Some("claimed"), "a plain claim waits for its lease");
 }
+
+#[test]
+fn a_database_owner_who_is_not_a_superuser_drops_it_and_nobody_else_disturbs_its_worker() {
+    let _serial = serial();
+    let mut c = connect();
+    let db = unique_queue("owned");
+    let (owner, stranger) = (format!("{db}_owner"), format!("{db}_stranger"));
+    c.batch_execute(&format!(
+        "CREATE ROLE {owner} LOGIN CREATEDB; CREATE ROLE {stranger} LOGIN CREATEDB;
+         CREATE DATABASE {db} OWNER {owner}"
+    ))
+    .unwrap();
+    common::connect_to(&db).batch_execute("CREATE EXTENSION pgqueue").unwrap();
+    let worker = |c: &mut Client| -> Option<i32> {
+        c.query_opt("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pgqueue worker' AND datname = $1", &[&db])
+            .unwrap()
+            .map(|r| r.get(0))
+    };
+    let pid = wait_for("a worker in the owned database", LIMIT, || worker(&mut c));
+
+    // Someone who may not drop it is refused, and its worker is left alone.
+    let mut other = common::connect_as(&stranger, "postgres");
+    let err = other.batch_execute(&format!("DROP DATABASE {db}")).unwrap_err();
+    assert_eq!(err.code().map(|s| s.code()), Some("42501"), "{err}");
+    let ticks = stat(&mut common::connect_to(&db), "ticks");
+    wait_for("two more ticks there", LIMIT, || {
+        (stat(&mut common::connect_to(&db), "ticks") >= ticks + 2).then_some(())
+    });
+    assert_eq!(worker(&mut c), Some(pid), "the same worker carries on");
+
+    // Its owner drops it at once: the worker leaves instead of blocking the drop.
+    let mut owner_session = common::connect_as(&owner, "postgres");
+    owner_session.batch_execute(&format!("DROP DATABASE {db}")).expect("the owner's DROP DATABASE succeeds");
+    assert_eq!(worker(&mut c), None);
+    let gone: bool =
+        c.query_one("SELECT NOT EXISTS (SELECT FROM pg_database WHERE datname = $1)", &[&db]).unwrap().get(0);
+    assert!(gone);
+    drop((other, owner_session));
+    c.batch_execute(&format!("DROP ROLE {owner}; DROP ROLE {stranger}")).unwrap();
+}
+
+/// pgqueue's ProcessUtility hook sees every utility statement of the cluster: their errors
+/// must reach the client as PostgreSQL raised them, also with RUST_BACKTRACE set for the
+/// postmaster (pgrx adds a Rust backtrace as DETAIL to errors it re-raises).
+#[test]
+fn errors_of_other_statements_pass_through_the_hook_unchanged() {
+    let _installed = connect();
+    let server = common::server::Server::init(
+        &common::server::bindir(common::server::this_major()),
+        &["shared_preload_libraries = 'pgqueue'"],
+    )
+    .env("RUST_BACKTRACE", "1");
+    server.start();
+    for db in ["postgres", "with_pgqueue"] {
+        let mut c = server.connect("postgres");
+        if db != "postgres" {
+            c.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+            c = server.connect(db);
+            c.batch_execute("CREATE EXTENSION pgqueue").unwrap();
+        }
+        c.batch_execute("CREATE TABLE t (a int); CREATE VIEW v AS SELECT a FROM t").unwrap();
+
+        let err = c.batch_execute("CREATE TABLE t ()").unwrap_err();
+        let e = err.as_db_error().expect("a server error");
+        assert_eq!((e.code().code(), e.message()), ("42P07", "relation \"t\" already exists"));
+        assert_eq!(e.detail(), None, "no DETAIL added");
+
+        let err = c.batch_execute("DROP TABLE t").unwrap_err();
+        let e = err.as_db_error().unwrap();
+        assert_eq!(e.code().code(), "2BP01");
+        assert_eq!(e.detail(), Some("view v depends on table t"));
+        assert_eq!(e.hint(), Some("Use DROP ... CASCADE to drop the dependent objects too."));
+
+        // The error's position in the statement survives too.
+        let err = c.batch_execute("CREATE TABLE u (a no_such_type)").unwrap_err();
+        let e = err.as_db_error().unwrap();
+        assert_eq!((e.code().code(), e.detail()), ("42704", None));
+        assert!(matches!(e.position(), Some(postgres::error::ErrorPosition::Original(19))), "{:?}", e.position());
+    }
+}

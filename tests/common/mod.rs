@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -53,6 +55,11 @@ pub fn connect_with_notices(sink: Arc<Mutex<Vec<String>>>) -> Client {
 /// A connection to another database of the test cluster.
 pub fn connect_to(dbname: &str) -> Client {
     config(Some(dbname)).connect(postgres::NoTls).expect("connect to another database")
+}
+
+/// A connection to the test cluster's `dbname` as `user` (trust authentication).
+pub fn connect_as(user: &str, dbname: &str) -> Client {
+    config(Some(dbname)).user(user).connect(postgres::NoTls).expect("connect as another role")
 }
 
 /// A libpq connection string for the test database.

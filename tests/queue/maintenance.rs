@@ -62,3 +62,43 @@ fn a_prune_already_running_on_a_queue_is_skipped() {
     other.batch_execute("ROLLBACK").unwrap();
     assert_eq!(prune(&mut c, &q)[0].1, "pruned");
 }
+
+/// A restore creates a queue's history partitions, loads them, and indexes them last: while a
+/// partition has no index, pruning leaves the queue alone rather than drop what the restore
+/// is about to load or index.
+#[test]
+fn a_history_still_being_restored_is_not_pruned() {
+    let mut c = connect();
+    let (q, part) = queue_with_old_history(&mut c, 3);
+    c.batch_execute(&format!("DROP INDEX pgqueue.\"{part}_dead\"")).unwrap();
+    assert_eq!(prune(&mut c, &q), vec![(format!("history_{q}"), "skipped_active".to_string(), 0)]);
+    let kept: Option<String> =
+        c.query_one("SELECT to_regclass(format('pgqueue.%I', $1::text))::text", &[&part]).unwrap().get(0);
+    assert!(kept.is_some(), "the partition is still there");
+    c.execute("SELECT pgqueue._index_history_part($1)", &[&part]).unwrap();
+    assert_eq!(prune(&mut c, &q), vec![(part, "pruned".to_string(), 3)]);
+}
+
+/// Every leaf of a queue's history has its own dead-letter index, named after it, however
+/// long the queue's name (up to 40 characters).
+#[test]
+fn every_history_partition_has_its_dead_letter_index() {
+    let mut c = connect();
+    let q = format!("q{}", "x".repeat(39));
+    c.execute("SELECT pgqueue.pgq_create_queue($1, if_not_exists => true)", &[&q]).unwrap();
+    let rows = c
+        .query(
+            "SELECT c.relname::text, i.indexrelid::regclass::text
+               FROM pg_partition_tree(format('pgqueue.%I', 'history_' || $1::text)::regclass) t
+               JOIN pg_class c ON c.oid = t.relid
+               LEFT JOIN pg_index i ON i.indrelid = t.relid
+              WHERE t.isleaf ORDER BY 1",
+            &[&q],
+        )
+        .unwrap();
+    assert_eq!(rows.len(), 4, "three days and the default partition");
+    for r in rows {
+        let (leaf, index): (String, Option<String>) = (r.get(0), r.get(1));
+        assert_eq!(index, Some(format!("pgqueue.\"{leaf}_dead\"")), "{leaf}");
+    }
+}

@@ -1,0 +1,248 @@
+-- pgqueue 0.1.0 -> 0.2.0
+--
+-- Dumps of a pgqueue database restore again: the dead-letter index moves from a partitioned
+-- index on pgqueue.history (which ATTACH PARTITION copied onto each queue's history before
+-- the dump's own CREATE INDEX ran) to a plain index on each leaf partition. pgq_prune leaves
+-- a queue alone while a leaf lacks that index (a restore still under way). Session-bound
+-- claims count as orphaned unless their backend is connected to this very database.
+
+-- Indexes one leaf partition of a queue's history, for pgq_redrive's lookups of dead
+-- letters. Every leaf gets it when it is created, before it is attached, so pgq_prune can
+-- take a leaf without it for a restore still under way (pg_dump creates indexes last).
+-- The name is the leaf's plus "_dead": at most 62 characters, and unique as the leaf's is.
+CREATE FUNCTION pgqueue._index_history_part(part text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    EXECUTE pg_catalog.format('CREATE INDEX %I ON pgqueue.%I (msg_id) WHERE outcome = %L',
+        part || '_dead', part, 'dead');
+END
+$$;
+
+-- Creates the day partition of a queue's history that holds `day` (a UTC day), unless it
+-- exists. Created apart, then attached: attaching locks the queue's history only in SHARE
+-- UPDATE EXCLUSIVE mode, so acks keep flowing.
+CREATE OR REPLACE FUNCTION pgqueue._ensure_history_day(queue text, day date) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
+DECLARE
+    parent text := pgqueue._history_table(queue);
+    part text := parent || '$' || pg_catalog.to_char(day, 'YYYYMMDD');
+BEGIN
+    IF EXISTS (SELECT FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                WHERE i.inhparent = pg_catalog.format('pgqueue.%I', parent)::regclass AND c.relname = part) THEN
+        RETURN false;
+    END IF;
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE pgqueue.%I (LIKE pgqueue.history INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', part);
+    PERFORM pgqueue._index_history_part(part);
+    EXECUTE pg_catalog.format(
+        'ALTER TABLE pgqueue.%I ATTACH PARTITION pgqueue.%I FOR VALUES FROM (%L) TO (%L)',
+        parent, part, day::timestamptz, (day + 1)::timestamptz);
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_create_queue(
+    queue text,
+    lease interval DEFAULT '120 s',
+    max_attempts integer DEFAULT 5,
+    if_not_exists boolean DEFAULT false,
+    retention interval DEFAULT '7 days',
+    paused boolean DEFAULT false
+) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
+DECLARE
+    day date;
+BEGIN
+    PERFORM pgqueue._check_queue_name(queue);
+    PERFORM pgqueue._require(lease, 'lease');
+    PERFORM pgqueue._check_lease(lease);
+    PERFORM pgqueue._require(max_attempts, 'max_attempts');
+    IF max_attempts NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgqueue._invalid('max_attempts', pg_catalog.format('%s is not between 1 and 1000', max_attempts));
+    END IF;
+    PERFORM pgqueue._require(if_not_exists, 'if_not_exists');
+    PERFORM pgqueue._require(retention, 'retention');
+    IF retention < interval '0' OR retention > interval '3650 days' THEN
+        PERFORM pgqueue._invalid('retention', pg_catalog.format('%s is not between 0 and 3650 days', retention));
+    END IF;
+    PERFORM pgqueue._require(paused, 'paused');
+
+    INSERT INTO pgqueue.queues (queue, lease, max_attempts, retention, paused)
+    VALUES (queue, lease, max_attempts, retention, paused)
+    ON CONFLICT ON CONSTRAINT queues_pkey DO NOTHING;
+    IF NOT FOUND THEN
+        IF if_not_exists THEN
+            RAISE NOTICE 'pgqueue: queue "%" already exists, skipping', queue;
+            RETURN;
+        END IF;
+        RAISE EXCEPTION 'pgqueue: queue "%" already exists', queue USING ERRCODE = 'duplicate_object';
+    END IF;
+
+    -- Built apart and attached last: attaching locks pgqueue.history only in SHARE UPDATE
+    -- EXCLUSIVE mode, so other queues' acks are not held up.
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE pgqueue.%I (LIKE pgqueue.history INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (finished_at)',
+        pgqueue._history_table(queue));
+    -- Rows that arrive before their day's partition exists land here; never lost.
+    EXECUTE pg_catalog.format('CREATE TABLE pgqueue.%I PARTITION OF pgqueue.%I DEFAULT',
+        pgqueue._history_table(queue) || '$default', pgqueue._history_table(queue));
+    PERFORM pgqueue._index_history_part(pgqueue._history_table(queue) || '$default');
+    FOR day IN SELECT d::date FROM pg_catalog.generate_series(now()::date, now()::date + 2, '1 day') d LOOP
+        PERFORM pgqueue._ensure_history_day(queue, day);
+    END LOOP;
+    EXECUTE pg_catalog.format('ALTER TABLE pgqueue.history ATTACH PARTITION pgqueue.%I FOR VALUES IN (%L)',
+        pgqueue._history_table(queue), queue);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_prune(queue text DEFAULT NULL) RETURNS SETOF pgqueue.prune_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET jit = off SET TimeZone = 'UTC' SET lock_timeout = '5s' AS $$
+#variable_conflict use_column
+DECLARE
+    r pgqueue.prune_result;
+    q pgqueue.queues;
+    part record;
+    timeout text := pgqueue._prune_lock_timeout() || 'ms';
+    cutoff timestamptz;
+    n bigint;
+    newest timestamptz;
+    setback boolean;
+    parent regclass;
+BEGIN
+    IF pgq_prune.queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(pgq_prune.queue);
+    END IF;
+    FOR q IN SELECT * FROM pgqueue.queues qs
+              WHERE pgq_prune.queue IS NULL OR qs.queue = pgq_prune.queue ORDER BY qs.queue LOOP
+        r.queue := q.queue;
+        r.target := pgqueue._history_table(q.queue);
+        r.rows := 0;
+        IF pgq_prune.queue IS NULL AND EXISTS (
+            SELECT FROM pgqueue.prune_state s WHERE s.queue = q.queue AND s.retry_after > now()) THEN
+            r.outcome := 'backed_off';
+            RETURN NEXT r;
+            CONTINUE;
+        END IF;
+        parent := to_regclass(format('pgqueue.%I', pgqueue._history_table(q.queue)));
+        CONTINUE WHEN parent IS NULL;  -- the queue is being dropped
+        IF NOT pg_try_advisory_xact_lock(hashtext('pgqueue.pgq_prune'), hashtext(q.queue))
+           -- A leaf without its index: a restore is still building this queue's history
+           -- (pg_dump creates indexes last) and may yet load or index a partition we would drop.
+           OR EXISTS (SELECT FROM pg_partition_tree(parent) t
+                       WHERE t.isleaf AND NOT EXISTS (SELECT FROM pg_index i WHERE i.indrelid = t.relid)) THEN
+            r.outcome := 'skipped_active';
+            setback := true;
+            RETURN NEXT r;
+        ELSE
+            setback := false;
+            cutoff := now() - q.retention;
+            r.outcome := 'noop';
+            FOR part IN
+                SELECT c.relname::text AS name,
+                       CASE WHEN c.relname::text ~ '\$\d{8}$'
+                            THEN to_date(right(c.relname::text, 8), 'YYYYMMDD') END AS day
+                  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = parent
+                 ORDER BY 2 NULLS LAST
+            LOOP
+                CONTINUE WHEN part.day IS NOT NULL AND (part.day + 1)::timestamptz > cutoff;
+                BEGIN
+                    -- Only the lock waits are bounded by the prune lock timeout.
+                    PERFORM set_config('lock_timeout', timeout, true);
+                    IF part.day IS NULL THEN
+                        -- The default partition: truncated once everything in it is past. Lock
+                        -- first, so no ack can slip in between the check and the truncate.
+                        EXECUTE format('LOCK TABLE pgqueue.%I IN ACCESS EXCLUSIVE MODE', part.name);
+                        PERFORM set_config('lock_timeout', '5s', true);
+                        EXECUTE format('SELECT count(*), max(finished_at) FROM pgqueue.%I', part.name)
+                           INTO n, newest;
+                        CONTINUE WHEN n = 0 OR newest > cutoff;
+                        EXECUTE format('TRUNCATE pgqueue.%I', part.name);
+                    ELSE
+                        PERFORM set_config('lock_timeout', '5s', true);
+                        EXECUTE format('SELECT count(*) FROM pgqueue.%I', part.name) INTO n;
+                        PERFORM set_config('lock_timeout', timeout, true);
+                        EXECUTE format('DROP TABLE pgqueue.%I', part.name);
+                        PERFORM set_config('lock_timeout', '5s', true);
+                    END IF;
+                    r.target := part.name;
+                    r.outcome := 'pruned';
+                    r.rows := n;
+                EXCEPTION
+                    WHEN lock_not_available THEN
+                        r.target := part.name;
+                        r.outcome := 'blocked';
+                        r.rows := 0;
+                        setback := true;
+                    WHEN OTHERS THEN
+                        RAISE WARNING 'pgqueue: pruning % failed: %', part.name, SQLERRM;
+                        r.target := part.name;
+                        r.outcome := 'error';
+                        r.rows := 0;
+                END;
+                RETURN NEXT r;
+            END LOOP;
+            IF r.outcome = 'noop' THEN
+                r.target := pgqueue._history_table(q.queue);
+                RETURN NEXT r;
+            END IF;
+        END IF;
+        -- Back off a queue whose pruning keeps being blocked: 3 in a row, then 1 min, 2 min, … 1 h.
+        -- (Bookkeeping never fails the prune: another pruner may hold the row a moment.)
+        BEGIN
+            IF setback THEN
+                INSERT INTO pgqueue.prune_state AS s (queue, failures, retry_after)
+                VALUES (q.queue, 1, now())
+                ON CONFLICT (queue) DO UPDATE
+                   SET failures = s.failures + 1,
+                       retry_after = now() + CASE WHEN s.failures + 1 >= 3
+                           THEN least(interval '1 minute' * power(2, least(s.failures - 2, 10)), interval '1 hour')
+                           ELSE interval '0' END;
+            ELSE
+                DELETE FROM pgqueue.prune_state s WHERE s.queue = q.queue;
+            END IF;
+        EXCEPTION WHEN lock_not_available OR foreign_key_violation THEN
+            NULL;
+        END;
+    END LOOP;
+END
+$$;
+
+-- Step "orphans": session-bound claims whose backend has exited (same pid and start time no
+-- longer alive in this database) get an expired lease, so the re-arm step that follows makes
+-- them claimable. "In this database": a restored copy's claims belong to no session here.
+CREATE OR REPLACE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH alive AS MATERIALIZED (
+        SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
+         WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+    ), orphaned AS (
+        SELECT m.msg_id FROM pgqueue.messages m
+         WHERE m.state = 'claimed' AND m.session_pid IS NOT NULL AND m.lease_expires_at > now()
+           AND NOT EXISTS (SELECT FROM alive a
+                            WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
+           FOR UPDATE OF m SKIP LOCKED
+    ), expired AS (
+        UPDATE pgqueue.messages m SET lease_expires_at = now()
+          FROM orphaned o WHERE m.msg_id = o.msg_id
+        RETURNING m.msg_id
+    )
+    SELECT count(*) FROM expired;
+END;
+
+REVOKE ALL ON FUNCTION pgqueue._index_history_part(text) FROM PUBLIC;
+
+DROP INDEX pgqueue.history_dead_idx;  -- and with it every partition's copy
+DO $upgrade$
+DECLARE
+    leaf text;
+BEGIN
+    FOR leaf IN SELECT c.relname FROM pg_catalog.pg_partition_tree('pgqueue.history') t
+                  JOIN pg_catalog.pg_class c ON c.oid = t.relid
+                 WHERE t.isleaf ORDER BY 1 LOOP
+        PERFORM pgqueue._index_history_part(leaf);
+    END LOOP;
+END
+$upgrade$;

@@ -1,0 +1,266 @@
+//! Backups: a pg_dump of a database using pgqueue restores into a new database of the same
+//! server — plain format through psql with ON_ERROR_STOP, custom format through pg_restore
+//! --exit-on-error, also with --jobs 2 — with everything pgqueue created: queues and their
+//! settings, messages in every state, history in its day partitions, the msg_id sequence,
+//! privileges granted to application roles; and the worker runs there afterwards.
+//!
+//! The restored schema and data are compared with the source's own dumps, so an object that
+//! pgqueue starts creating one day and that does not survive a round trip fails here.
+
+mod common;
+
+use common::server::{bindir, this_major};
+use common::{Client, connect, connect_to, wait_for};
+use std::process::Command;
+use std::time::Duration;
+use uuid::Uuid;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// Runs a client program of this major against the test cluster; fails the test unless it
+/// succeeds. Returns its standard output.
+fn client_program(c: &mut Client, program: &str, args: &[&str]) -> String {
+    let row = c.query_one("SELECT current_setting('port'), current_user::text", &[]).unwrap();
+    let (port, user): (String, String) = (row.get(0), row.get(1));
+    let out = Command::new(bindir(this_major()).join(program))
+        .args(["-h", "localhost", "-p", &port, "-U", &user])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A dump's text without the lines that differ between any two dumps (psql's per-dump
+/// `\restrict` key).
+fn normalized(dump: String) -> String {
+    dump.lines()
+        .filter(|l| !l.starts_with("\\restrict") && !l.starts_with("\\unrestrict"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn schema(c: &mut Client, db: &str) -> String {
+    normalized(client_program(c, "pg_dump", &["--schema-only", "-d", db]))
+}
+
+fn data(c: &mut Client, db: &str) -> String {
+    normalized(client_program(c, "pg_dump", &["--data-only", "-d", db]))
+}
+
+/// Workers only in these databases (cluster-wide, reloaded), and wait until that holds.
+fn workers_only_in(c: &mut Client, databases: Option<&str>) {
+    match databases {
+        Some(list) => c.batch_execute(&format!("ALTER SYSTEM SET pgqueue.databases = '{list}'")).unwrap(),
+        None => c.batch_execute("ALTER SYSTEM RESET pgqueue.databases").unwrap(),
+    }
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
+    if let Some(list) = databases {
+        wait_for("workers only where listed", LIMIT, || {
+            let others: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pgqueue worker'
+                        AND datname <> ALL (string_to_array(replace($1, ' ', ''), ','))",
+                    &[&list],
+                )
+                .unwrap()
+                .get(0);
+            (others == 0).then_some(())
+        });
+    }
+}
+
+struct Source {
+    db: String,
+    /// (msg_id, token) of a claim with an hour's lease, of one with a lease that ends a few
+    /// seconds after the fill, and of a session-bound one.
+    long: (i64, Uuid),
+    short: (i64, Uuid),
+    bound: (i64, Uuid),
+    /// A dead letter in a history partition two days old.
+    old_dead: i64,
+    last_id: i64,
+    roles: [String; 2],
+    /// The session that holds the session-bound claim (alive while the source is dumped).
+    _consumer: Client,
+}
+
+fn claim(c: &mut Client, q: &str, extra: &str) -> (i64, Uuid) {
+    let r = c.query_one(&format!("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1{extra})"), &[&q]).unwrap();
+    (r.get(0), r.get(1))
+}
+
+/// A database with queues, messages in every state, history in two day partitions and
+/// privileges granted to two application roles.
+fn fill(c: &mut Client) -> Source {
+    let db = common::unique_queue("backup_src");
+    let roles = [format!("{db}_producer"), format!("{db}_ops")];
+    c.batch_execute(&format!(
+        "CREATE DATABASE {db};
+         CREATE ROLE {p} LOGIN IN ROLE pgqueue_producer; CREATE ROLE {o} LOGIN",
+        p = roles[0],
+        o = roles[1]
+    ))
+    .unwrap();
+    let mut s = connect_to(&db);
+    s.batch_execute(&format!(
+        "CREATE EXTENSION pgqueue;
+         -- privileges changed on the extension's own objects
+         GRANT USAGE ON SCHEMA pgqueue TO {o};
+         GRANT SELECT ON pgqueue.queue_stats TO {o};
+         GRANT EXECUTE ON FUNCTION pgqueue.pgq_redrive(text, bigint[]) TO {o};
+         SELECT pgqueue.pgq_create_queue('jobs', lease => '1 hour', max_attempts => 3, retention => '10 days');
+         SELECT pgqueue.pgq_create_queue('parked', paused => true, retention => '3 days');
+         SELECT pgqueue.pgq_create_queue('q{long}');
+         SELECT pgqueue.pgq_send('jobs', jsonb_build_object('n', g), priority => (g % 3)::smallint)
+           FROM generate_series(1, 20) g;
+         SELECT pgqueue.pgq_send('jobs', '{{\"later\": true}}', delay => '1 hour');
+         SELECT pgqueue.pgq_send('parked', '{{}}', headers => '{{\"h\": 1}}');
+         SELECT pgqueue.pgq_send('q{long}', '{{}}');",
+        o = roles[1],
+        long = "x".repeat(39)
+    ))
+    .unwrap();
+    // Completed and dead messages today; a dead letter and completed ones two days ago.
+    let done = claim(&mut s, "jobs", "");
+    s.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&done.0, &done.1]).unwrap();
+    let dead = claim(&mut s, "jobs", "");
+    s.execute("SELECT pgqueue.pgq_fail($1, $2, error => 'bad input')", &[&dead.0, &dead.1]).unwrap();
+    s.batch_execute(
+        "SELECT pgqueue._ensure_history_day('jobs', current_date - 2);
+         INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at, last_error)
+         SELECT -g, 'jobs', CASE WHEN g = 1 THEN 'dead' ELSE 'completed' END, 0, 1, '{}',
+                now() - interval '3 days', current_date - 2 + interval '1 hour', CASE WHEN g = 1 THEN 'old failure' END
+           FROM generate_series(1, 5) g",
+    )
+    .unwrap();
+    let long = claim(&mut s, "jobs", "");
+    let short = claim(&mut s, "jobs", ", lease => '3 s'");
+    let mut consumer = connect_to(&db);
+    let bound = claim(&mut consumer, "jobs", ", session_bound => true");
+    let last_id: i64 = s.query_one("SELECT last_value FROM pgqueue.messages_msg_id_seq", &[]).unwrap().get(0);
+    Source { db, long, short, bound, old_dead: -1, last_id, roles, _consumer: consumer }
+}
+
+fn state_of(c: &mut Client, id: i64) -> Option<(String, i32)> {
+    c.query_opt("SELECT state, attempt FROM pgqueue.messages WHERE msg_id = $1", &[&id])
+        .unwrap()
+        .map(|r| (r.get(0), r.get(1)))
+}
+
+#[test]
+fn dumps_restore_into_a_new_database_with_everything_pgqueue_made() {
+    let mut c = connect();
+    let test_db: String = c.query_one("SELECT current_database()::text", &[]).unwrap().get(0);
+    // Phase 1, with no worker in the source or the copies: each restored copy must equal the
+    // source exactly, schema and data.
+    workers_only_in(&mut c, Some(&test_db));
+    let src = fill(&mut c);
+    let dir = std::env::temp_dir().join(format!("pgqueue-backup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (plain, custom) = (dir.join("dump.sql"), dir.join("dump.custom"));
+    client_program(&mut c, "pg_dump", &["-d", &src.db, "-f", plain.to_str().unwrap()]);
+    client_program(&mut c, "pg_dump", &["-Fc", "-d", &src.db, "-f", custom.to_str().unwrap()]);
+    let (src_schema, src_data) = (schema(&mut c, &src.db), data(&mut c, &src.db));
+    assert!(src_schema.contains("history_jobs$default"), "the runtime partitions are in the dump");
+
+    let restores: [(&str, Vec<&str>); 3] = [
+        ("psql", vec!["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", plain.to_str().unwrap()]),
+        ("pg_restore", vec!["--exit-on-error", custom.to_str().unwrap()]),
+        ("pg_restore", vec!["--exit-on-error", "--jobs", "2", custom.to_str().unwrap()]),
+    ];
+    let mut copies = vec![];
+    for (i, (program, args)) in restores.iter().enumerate() {
+        let db = format!("{}_copy{i}", src.db);
+        c.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+        let mut all = vec!["-d", db.as_str()];
+        all.extend(args);
+        client_program(&mut c, program, &all);
+        assert_eq!(schema(&mut c, &db), src_schema, "{program} {args:?}: the restored schema");
+        assert_eq!(data(&mut c, &db), src_data, "{program} {args:?}: the restored data");
+        copies.push(db);
+    }
+
+    // Phase 2: workers everywhere again. A restore with the worker already running in the
+    // new database (it starts as soon as CREATE EXTENSION is restored) succeeds as well.
+    workers_only_in(&mut c, None);
+    let db = format!("{}_live", src.db);
+    c.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+    client_program(&mut c, "pg_restore", &["--exit-on-error", "--jobs", "2", "-d", &db, custom.to_str().unwrap()]);
+    assert_eq!(schema(&mut c, &db), src_schema, "restored while its worker ran");
+    copies.push(db);
+
+    for db in &copies {
+        check_restored(&src, db);
+    }
+    for db in copies.iter().chain([&src.db]) {
+        c.batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).unwrap();
+    }
+    c.batch_execute(&format!("DROP ROLE {}; DROP ROLE {}", src.roles[0], src.roles[1])).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a user of the restored database sees once its worker runs.
+fn check_restored(src: &Source, db: &str) {
+    let mut r = connect_to(db);
+    // The worker runs there.
+    wait_for("the worker ticking in the restored database", LIMIT, || {
+        let ticks: i64 = r.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0);
+        (ticks > 0).then_some(())
+    });
+    // Everything came across: 21 sent to jobs (one acked, one failed), 1 each elsewhere, 7
+    // in history (5 two days old).
+    let counts: Vec<(String, i64)> = r
+        .query("SELECT queue, count(*) FROM pgqueue.messages GROUP BY 1 ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let long = format!("q{}", "x".repeat(39));
+    assert_eq!(counts, vec![("jobs".into(), 19), ("parked".into(), 1), (long, 1)], "{db}");
+    let history: i64 = r.query_one("SELECT count(*) FROM pgqueue.history WHERE queue = 'jobs'", &[]).unwrap().get(0);
+    assert_eq!(history, 7, "{db}");
+    let q: (String, bool, i32) = {
+        let row = r
+            .query_one("SELECT lease::text, paused, max_attempts FROM pgqueue.queues WHERE queue = 'parked'", &[])
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    };
+    assert_eq!(q, ("00:02:00".into(), true, 5), "{db}: queue settings");
+
+    // Claims: the session-bound one comes back at once (its session is not in this
+    // database), the short lease when it ends (its attempt counted), the long one stays and
+    // its consumer can still finish it.
+    wait_for("the session-bound claim back", LIMIT, || {
+        (state_of(&mut r, src.bound.0) == Some(("ready".into(), 1))).then_some(())
+    });
+    wait_for("the short lease's claim back after its lease", LIMIT, || {
+        (state_of(&mut r, src.short.0) == Some(("ready".into(), 1))).then_some(())
+    });
+    assert_eq!(state_of(&mut r, src.long.0), Some(("claimed".into(), 1)), "{db}");
+    let acked: bool =
+        r.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&src.long.0, &src.long.1]).unwrap().get(0);
+    assert!(acked, "{db}: the long claim's token still acks it");
+
+    // New sends continue past every restored id, also as the application's producer role.
+    let mut producer = common::connect_as(&src.roles[0], db);
+    let id: i64 = producer.query_one("SELECT pgqueue.pgq_send('jobs', '{}')", &[]).unwrap().get(0);
+    assert!(id > src.last_id, "{db}: new id {id} after the restored {}", src.last_id);
+    // The grants on pgqueue's objects came along.
+    let mut ops = common::connect_as(&src.roles[1], db);
+    let ready: i64 = ops.query_one("SELECT ready FROM pgqueue.queue_stats WHERE queue = 'parked'", &[]).unwrap().get(0);
+    assert_eq!(ready, 1);
+    let back: i64 =
+        ops.query_one("SELECT pgqueue.pgq_redrive('jobs', ARRAY[$1::bigint])", &[&src.old_dead]).unwrap().get(0);
+    assert_eq!(back, 1, "{db}: the old dead letter is redriven from its restored partition");
+    assert_eq!(
+        common::sqlstate(producer.query_one("SELECT pgqueue.pgq_redrive('jobs')", &[])),
+        "42501",
+        "and nothing more than was granted"
+    );
+}

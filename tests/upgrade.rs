@@ -1,0 +1,276 @@
+//! Upgrades: `ALTER EXTENSION pgqueue UPDATE` from the previous release gives the schema of
+//! a fresh install and keeps every row; pg_upgrade from PostgreSQL 17 to 18 keeps the queues
+//! and the worker runs after it.
+
+mod common;
+
+use common::server::{bindir, this_major};
+use common::{Client, connect, connect_to, wait_for};
+use std::process::Command;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(30);
+const PREVIOUS: &str = "0.1.0";
+
+/// Queues, messages in every state (ready at several priorities, delayed, claimed, claimed
+/// with a lease that ends at once), history today and in a partition two days old, with a
+/// dead letter in each. Returns the claim that stays live: (msg_id, token).
+fn fill(c: &mut Client) -> (i64, uuid::Uuid) {
+    c.batch_execute(
+        "SELECT pgqueue.pgq_create_queue('jobs', lease => '1 hour', max_attempts => 2, retention => '10 days');
+         SELECT pgqueue.pgq_create_queue('parked', paused => true);
+         SELECT pgqueue.pgq_send('jobs', jsonb_build_object('n', g), priority => (g % 3)::smallint)
+           FROM generate_series(1, 10) g;
+         SELECT pgqueue.pgq_send('jobs', '{}', delay => '1 hour');
+         SELECT pgqueue.pgq_send('parked', '{}', headers => '{\"h\": 1}');
+         SELECT pgqueue._ensure_history_day('jobs', current_date - 2);
+         INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at)
+         SELECT -g, 'jobs', CASE WHEN g = 1 THEN 'dead' ELSE 'completed' END, 0, 1, '{}',
+                now() - interval '3 days', current_date - 2 + interval '1 hour'
+           FROM generate_series(1, 3) g;",
+    )
+    .unwrap();
+    let claim = |c: &mut Client, lease: &str| -> (i64, uuid::Uuid) {
+        let r = c
+            .query_one("SELECT msg_id, claim_token FROM pgqueue.pgq_claim('jobs', lease => $1::interval)", &[&lease])
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    let done = claim(c, "1 hour");
+    c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&done.0, &done.1]).unwrap();
+    let dead = claim(c, "1 hour");
+    c.execute("SELECT pgqueue.pgq_fail($1, $2, error => 'bad')", &[&dead.0, &dead.1]).unwrap();
+    claim(c, "100 ms"); // expires at once: the worker re-arms it
+    claim(c, "1 hour")
+}
+
+/// Every row pgqueue keeps, as JSON, and the sequence's position.
+fn rows(c: &mut Client) -> Vec<String> {
+    [
+        "SELECT json_agg(t ORDER BY queue)::text FROM pgqueue.queues t",
+        "SELECT json_agg(t ORDER BY msg_id)::text FROM pgqueue.messages t",
+        "SELECT json_agg(t ORDER BY queue, finished_at, msg_id)::text FROM pgqueue.history t",
+        "SELECT json_agg(t ORDER BY queue)::text FROM pgqueue.prune_state t",
+        "SELECT json_agg(t)::text FROM pgqueue.worker_state t",
+        "SELECT last_value::text FROM pgqueue.messages_msg_id_seq",
+    ]
+    .iter()
+    .map(|q| c.query_one(*q, &[]).unwrap().get::<_, Option<String>>(0).unwrap_or_default())
+    .collect()
+}
+
+/// `pg_dump --schema-only --binary-upgrade` (which, unlike a plain dump, shows the members of
+/// the extension) of the test cluster's `db`, without what differs between any two
+/// databases (object ids) and without the `tests` schema that test builds add.
+fn schema(c: &mut Client, db: &str) -> String {
+    let row = c.query_one("SELECT current_setting('port'), current_user::text", &[]).unwrap();
+    let (port, user): (String, String) = (row.get(0), row.get(1));
+    let out = Command::new(bindir(this_major()).join("pg_dump"))
+        .args(["-h", "localhost", "-p", &port, "-U", &user, "--schema-only", "--binary-upgrade", "-d", db])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "pg_dump: {}", String::from_utf8_lossy(&out.stderr));
+    let dump = String::from_utf8(out.stdout).unwrap();
+    let mut kept = vec![];
+    // Entries start with a "-- Name: …; Type: …; Schema: …" header.
+    for entry in dump.split("\n--\n-- Name: ") {
+        let header = entry.lines().next().unwrap_or_default();
+        if header.contains("; Schema: tests;") || header.starts_with("tests; Type: SCHEMA") {
+            continue;
+        }
+        let lines = entry.lines().filter(|l| {
+            !l.contains("binary_upgrade")
+                && !l.starts_with("-- For binary upgrade")
+                && !l.starts_with("\\restrict")
+                && !l.starts_with("\\unrestrict")
+                && !l.contains(" tests.")
+                && !l.starts_with("SELECT pg_catalog.setval(")
+        });
+        kept.push(lines.collect::<Vec<_>>().join("\n"));
+    }
+    kept.join("\n-- entry: ")
+}
+
+fn workers_only_in(c: &mut Client, list: Option<&str>) {
+    match list {
+        Some(list) => c.batch_execute(&format!("ALTER SYSTEM SET pgqueue.databases = '{list}'")).unwrap(),
+        None => c.batch_execute("ALTER SYSTEM RESET pgqueue.databases").unwrap(),
+    }
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
+}
+
+fn worker_in(c: &mut Client, db: &str) -> bool {
+    c.query_one(
+        "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE backend_type = 'pgqueue worker' AND datname = $1)",
+        &[&db],
+    )
+    .unwrap()
+    .get(0)
+}
+
+#[test]
+fn alter_extension_update_from_the_previous_release_equals_a_fresh_install() {
+    let mut c = connect();
+    let test_db: String = c.query_one("SELECT current_database()::text", &[]).unwrap().get(0);
+    let (old, fresh) = (common::unique_queue("updated"), common::unique_queue("fresh"));
+    c.batch_execute(&format!("CREATE DATABASE {old}; CREATE DATABASE {fresh}")).unwrap();
+
+    // The previous release, filled, with its worker (this build's library) ticking in it.
+    let mut u = connect_to(&old);
+    u.batch_execute(&format!("CREATE EXTENSION pgqueue VERSION '{PREVIOUS}'")).unwrap_or_else(|e| {
+        panic!("{e}: is sql/releases/pgqueue--{PREVIOUS}.sql installed? (scripts/install.sh installs it)")
+    });
+    let live = fill(&mut u);
+    wait_for("the worker to re-arm the expired claim", LIMIT, || {
+        let n: i64 = u.query_one("SELECT rearmed FROM pgqueue.worker_state", &[]).unwrap().get(0);
+        (n > 0).then_some(())
+    });
+    let failures: i64 = u.query_one("SELECT tick_failures FROM pgqueue.worker_state", &[]).unwrap().get(0);
+    assert_eq!(failures, 0, "this library runs the previous release's SQL without a failing step");
+
+    // Quiet (no worker there), so that the rows before and after the update can be compared.
+    workers_only_in(&mut c, Some(&test_db));
+    wait_for("the worker to leave", LIMIT, || (!worker_in(&mut c, &old)).then_some(()));
+    let before = rows(&mut u);
+    u.batch_execute("ALTER EXTENSION pgqueue UPDATE").unwrap();
+    let version: String =
+        u.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pgqueue'", &[]).unwrap().get(0);
+    assert_eq!(version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(rows(&mut u), before, "the update changes no row");
+
+    // The same queues created in a fresh install: the same schema, object for object.
+    let mut f = connect_to(&fresh);
+    f.batch_execute(
+        "CREATE EXTENSION pgqueue;
+         SELECT pgqueue.pgq_create_queue('jobs', lease => '1 hour', max_attempts => 2, retention => '10 days');
+         SELECT pgqueue.pgq_create_queue('parked', paused => true);
+         SELECT pgqueue._ensure_history_day('jobs', current_date - 2);",
+    )
+    .unwrap();
+    let (updated, installed) = (schema(&mut c, &old), schema(&mut c, &fresh));
+    assert!(updated.contains("history_jobs$default_dead"), "the dump shows the extension's objects");
+    if updated != installed {
+        let diff: Vec<String> = updated
+            .lines()
+            .zip(installed.lines())
+            .filter(|(a, b)| a != b)
+            .take(10)
+            .map(|(a, b)| format!("updated: {a}\n  fresh: {b}"))
+            .collect();
+        panic!("the updated schema differs from a fresh install's:\n{}", diff.join("\n"));
+    }
+
+    // The same tables' data is dumped (pg_extension_config_dump), in both.
+    let config = |db: &str| -> String {
+        connect_to(db)
+            .query_one("SELECT extconfig::regclass[]::text || ' ' || extcondition::text FROM pg_extension WHERE extname = 'pgqueue'", &[])
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(config(&old), config(&fresh));
+
+    // And it works: the worker comes back, the live claim acks, the old dead letter redrives.
+    workers_only_in(&mut c, None);
+    let ticks: i64 = u.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0);
+    wait_for("the worker ticking after the update", LIMIT, || {
+        let t: i64 = u.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0);
+        (t > ticks + 1).then_some(())
+    });
+    let acked: bool = u.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&live.0, &live.1]).unwrap().get(0);
+    assert!(acked);
+    let back: i64 = u.query_one("SELECT pgqueue.pgq_redrive('jobs', ARRAY[-1::bigint])", &[]).unwrap().get(0);
+    assert_eq!(back, 1);
+    let claimed: i64 = u.query_one("SELECT count(*) FROM pgqueue.pgq_claim('jobs', qty => 100)", &[]).unwrap().get(0);
+    assert_eq!(claimed, 8, "six never claimed, the re-armed one and the redriven one");
+    let failures: i64 = u.query_one("SELECT tick_failures FROM pgqueue.worker_state", &[]).unwrap().get(0);
+    assert_eq!(failures, 0);
+    drop((u, f));
+    c.batch_execute(&format!("DROP DATABASE {old} WITH (FORCE); DROP DATABASE {fresh} WITH (FORCE)")).unwrap();
+}
+
+/// pg_upgrade from 17 to 18 with pgqueue in use: both builds exist in the toolchain, and this
+/// test (in the 18 run) installs the 17 build itself.
+#[cfg(feature = "pg18")]
+#[test]
+fn pg_upgrade_from_17_to_18_keeps_the_queues_and_the_worker_runs_after() {
+    use common::server::Server;
+    let _installed = connect(); // this build, in 18
+    let pg17 = bindir(17);
+    let pg_config17 = pg17.join("pg_config");
+    let status = Command::new("bash")
+        .args(["scripts/install.sh", "--debug", "--test", "--pg-config"])
+        .arg(&pg_config17)
+        .args(["--no-default-features", "--features", "pg17 pg_test"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "installing the PostgreSQL 17 build");
+    let conf = [
+        "shared_preload_libraries = 'pgqueue'",
+        "pgqueue.launcher_naptime = '200ms'",
+        "pgqueue.tick_interval = '100ms'",
+    ];
+    let old = Server::init(&pg17, &conf);
+    old.start();
+    old.connect("postgres").batch_execute("CREATE DATABASE app").unwrap();
+    let mut a = old.connect("app");
+    a.batch_execute("CREATE EXTENSION pgqueue").unwrap();
+    let live = fill(&mut a);
+    wait_for("the 17 worker re-arming", LIMIT, || {
+        let n: i64 = a.query_one("SELECT rearmed FROM pgqueue.worker_state", &[]).unwrap().get(0);
+        (n > 0).then_some(())
+    });
+    // Quiet (the worker idles), and a claim whose lease ends while the server is down.
+    a.batch_execute("ALTER SYSTEM SET pgqueue.enabled = off").unwrap();
+    a.batch_execute("SELECT pg_reload_conf()").unwrap();
+    let ticks = |a: &mut Client| -> i64 { a.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0) };
+    let mut last = ticks(&mut a);
+    wait_for("the 17 worker to idle", LIMIT, || {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = ticks(&mut a);
+        std::mem::replace(&mut last, now).eq(&now).then_some(())
+    });
+    let lapsed: i64 = a.query_one("SELECT msg_id FROM pgqueue.pgq_claim('jobs', lease => '1 s')", &[]).unwrap().get(0);
+    let before = rows(&mut a);
+    drop(a);
+    old.stop();
+
+    let new = Server::init(&bindir(18), &conf);
+    let (old_port, new_port) = (old.port.to_string(), new.port.to_string());
+    new.run_ok(
+        "pg_upgrade",
+        &[
+            "-b",
+            pg17.to_str().unwrap(),
+            "-B",
+            new.bindir.to_str().unwrap(),
+            "-d",
+            &old.data(),
+            "-D",
+            &new.data(),
+            "-p",
+            &old_port,
+            "-P",
+            &new_port,
+            "-U",
+            "postgres",
+        ],
+    );
+    new.start();
+    let mut a = new.connect("app");
+    let after = rows(&mut a);
+    // Everything but the worker's row, which the new worker may already be writing.
+    assert_eq!(after[..4], before[..4], "queues, messages, history, prune state");
+    assert_eq!(after[5], before[5], "the msg_id sequence");
+    let counted: i64 = a.query_one("SELECT rearmed FROM pgqueue.worker_state", &[]).unwrap().get(0);
+    assert!(counted > 0, "the worker's counters came along");
+    wait_for("the 18 worker re-arming the lapsed claim", LIMIT, || {
+        let s: String = a.query_one("SELECT state FROM pgqueue.messages WHERE msg_id = $1", &[&lapsed]).unwrap().get(0);
+        (s == "ready").then_some(())
+    });
+    let acked: bool = a.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&live.0, &live.1]).unwrap().get(0);
+    assert!(acked, "a claim taken on 17 is acked on 18");
+    let r = a.query_one("SELECT msg_id, claim_token FROM pgqueue.pgq_claim('jobs')", &[]).unwrap();
+    let (id, token): (i64, uuid::Uuid) = (r.get(0), r.get(1));
+    let acked: bool = a.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
+    assert!(acked);
+}
