@@ -57,6 +57,24 @@ BEGIN
 END
 $$;
 
+-- The queue's settings, its row locked FOR KEY SHARE until commit, for the functions that
+-- insert messages: pgq_drop_queue locks the row FOR UPDATE before it deletes the queue's
+-- messages, so each insert either commits first (and is deleted with the queue) or finds the
+-- queue gone (42704). A foreign key would do the same per row, but pg_restore --jobs loads
+-- the data of an extension's tables in any order, and would fail on it.
+CREATE FUNCTION pgqueue._lock_queue(queue text) RETURNS pgqueue.queues
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    q pgqueue.queues;
+BEGIN
+    SELECT * INTO q FROM pgqueue.queues WHERE queues.queue = _lock_queue.queue FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN pgqueue._queue(queue);  -- raises the error
+    END IF;
+    RETURN q;
+END
+$$;
+
 -- Leases: more than zero, at most one day.
 CREATE FUNCTION pgqueue._check_lease(lease interval, argument text DEFAULT 'lease') RETURNS interval
 LANGUAGE plpgsql IMMUTABLE AS $$

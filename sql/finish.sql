@@ -183,7 +183,7 @@ CREATE FUNCTION pgqueue.pgq_redrive(queue text, msg_ids bigint[] DEFAULT NULL) R
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
-    q pgqueue.queues := pgqueue._queue(queue);
+    q pgqueue.queues := pgqueue._lock_queue(queue);
     moved bigint;
 BEGIN
     WITH back AS (

@@ -1,10 +1,13 @@
 -- pgqueue 0.1.0 -> 0.2.0
 --
--- Dumps of a pgqueue database restore again: the dead-letter index moves from a partitioned
--- index on pgqueue.history (which ATTACH PARTITION copied onto each queue's history before
--- the dump's own CREATE INDEX ran) to a plain index on each leaf partition. pgq_prune leaves
--- a queue alone while a leaf lacks that index (a restore still under way). Session-bound
--- claims count as orphaned unless their backend is connected to this very database.
+-- Dumps of a pgqueue database restore again, also with pg_restore --jobs:
+-- * the dead-letter index moves from a partitioned index on pgqueue.history (which ATTACH
+--   PARTITION copied onto each queue's history before the dump's own CREATE INDEX ran) to a
+--   plain index on each leaf partition; pgq_prune leaves a queue alone while a leaf lacks it
+--   (a restore still under way);
+-- * messages loses its foreign key to queues (a parallel restore loads the two in any
+--   order); sends lock the queue row themselves, and pgq_drop_queue deletes the messages.
+-- Session-bound claims count as orphaned unless their backend is connected to this database.
 
 -- Indexes one leaf partition of a queue's history, for pgq_redrive's lookups of dead
 -- letters. Every leaf gets it when it is created, before it is attached, so pgq_prune can
@@ -15,6 +18,24 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     EXECUTE pg_catalog.format('CREATE INDEX %I ON pgqueue.%I (msg_id) WHERE outcome = %L',
         part || '_dead', part, 'dead');
+END
+$$;
+
+-- The queue's settings, its row locked FOR KEY SHARE until commit, for the functions that
+-- insert messages: pgq_drop_queue locks the row FOR UPDATE before it deletes the queue's
+-- messages, so each insert either commits first (and is deleted with the queue) or finds the
+-- queue gone (42704). A foreign key would do the same per row, but pg_restore --jobs loads
+-- the data of an extension's tables in any order, and would fail on it.
+CREATE FUNCTION pgqueue._lock_queue(queue text) RETURNS pgqueue.queues
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    q pgqueue.queues;
+BEGIN
+    SELECT * INTO q FROM pgqueue.queues WHERE queues.queue = _lock_queue.queue FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN pgqueue._queue(queue);  -- raises the error
+    END IF;
+    RETURN q;
 END
 $$;
 
@@ -94,6 +115,133 @@ BEGIN
         pgqueue._history_table(queue), queue);
 END
 $$;
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_drop_queue(queue text, force boolean DEFAULT false) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '5s' AS $$
+DECLARE
+    in_flight bigint;
+BEGIN
+    PERFORM pgqueue._require(force, 'force');
+    PERFORM pgqueue._queue(queue);
+    -- Lock the queue row: sends under way (they lock it FOR KEY SHARE, see _lock_queue)
+    -- commit first, and no new one starts until this commits.
+    PERFORM FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue FOR UPDATE;
+    SELECT count(*) INTO in_flight FROM pgqueue.messages m
+     WHERE m.queue = pgq_drop_queue.queue AND m.state = 'claimed';
+    IF in_flight > 0 AND NOT force THEN
+        RAISE EXCEPTION 'pgqueue: queue "%" has % claimed messages', queue, in_flight
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'Wait for the consumers to finish, or pass force => true.';
+    END IF;
+    DELETE FROM pgqueue.messages m WHERE m.queue = pgq_drop_queue.queue;
+    DELETE FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue;
+    -- Dropping a partition locks pgqueue.history exclusively: wait for that at most
+    -- lock_timeout (5 s, this function's setting), then fail with 55P03 and change nothing.
+    EXECUTE pg_catalog.format('DROP TABLE pgqueue.%I', pgqueue._history_table(queue));
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_send_batch(
+    queue text,
+    payloads jsonb[],
+    delay interval DEFAULT '0',
+    priority smallint DEFAULT 0,
+    headers jsonb DEFAULT NULL
+) RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    q pgqueue.queues := pgqueue._lock_queue(queue);
+    due timestamptz;
+BEGIN
+    PERFORM pgqueue._check_payloads(payloads);
+    PERFORM pgqueue._check_delay(pgqueue._require(delay, 'delay'), 'delay');
+    PERFORM pgqueue._check_priority(priority);
+    IF pg_catalog.cardinality(payloads) > 10000 THEN
+        PERFORM pgqueue._invalid('payloads', pg_catalog.format(
+            '%s messages in one call; at most 10000', pg_catalog.cardinality(payloads)));
+    END IF;
+    due := CASE WHEN delay > interval '0' THEN now() + delay END;
+    RETURN QUERY
+    INSERT INTO pgqueue.messages (queue, state, priority, payload, headers, visible_at)
+    SELECT q.queue, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END, priority, p, headers, due
+      FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS u(p, n)
+     ORDER BY u.n
+    RETURNING msg_id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_send(
+    queue text,
+    payload jsonb,
+    delay interval DEFAULT '0',
+    priority smallint DEFAULT 0,
+    headers jsonb DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    q pgqueue.queues := pgqueue._lock_queue(queue);
+    due timestamptz;
+    id bigint;
+BEGIN
+    PERFORM pgqueue._check_payload(payload);
+    PERFORM pgqueue._check_delay(pgqueue._require(delay, 'delay'), 'delay');
+    PERFORM pgqueue._check_priority(priority);
+    due := CASE WHEN delay > interval '0' THEN now() + delay END;
+    INSERT INTO pgqueue.messages (queue, state, priority, payload, headers, visible_at)
+    VALUES (q.queue, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END, priority, payload, headers, due)
+    RETURNING msg_id INTO id;
+    RETURN id;
+END
+$$;
+
+-- Dead letters back to claimable with a fresh attempt count: all of the queue's, or the
+-- given ids. Returns how many came back.
+CREATE OR REPLACE FUNCTION pgqueue.pgq_redrive(queue text, msg_ids bigint[] DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    q pgqueue.queues := pgqueue._lock_queue(queue);
+    moved bigint;
+BEGIN
+    WITH back AS (
+        DELETE FROM pgqueue.history h
+         WHERE h.queue = q.queue AND h.outcome = 'dead'
+           AND (msg_ids IS NULL OR h.msg_id = ANY (msg_ids))
+        RETURNING h.msg_id, h.priority, h.payload, h.headers, h.enqueued_at, h.last_error
+    )
+    INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, enqueued_at, last_error)
+    OVERRIDING SYSTEM VALUE
+    SELECT b.msg_id, q.queue, 'ready', b.priority, b.payload, b.headers, b.enqueued_at, b.last_error
+      FROM back b;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved;
+END
+$$;
+
+-- Step "orphans": session-bound claims whose backend has exited (same pid and start time no
+-- longer alive in this database) get an expired lease, so the re-arm step that follows makes
+-- them claimable. "In this database": a restored copy's claims belong to no session here.
+CREATE OR REPLACE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH alive AS MATERIALIZED (
+        SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
+         WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+    ), orphaned AS (
+        SELECT m.msg_id FROM pgqueue.messages m
+         WHERE m.state = 'claimed' AND m.session_pid IS NOT NULL AND m.lease_expires_at > now()
+           AND NOT EXISTS (SELECT FROM alive a
+                            WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
+           FOR UPDATE OF m SKIP LOCKED
+    ), expired AS (
+        UPDATE pgqueue.messages m SET lease_expires_at = now()
+          FROM orphaned o WHERE m.msg_id = o.msg_id
+        RETURNING m.msg_id
+    )
+    SELECT count(*) FROM expired;
+END;
 
 CREATE OR REPLACE FUNCTION pgqueue.pgq_prune(queue text DEFAULT NULL) RETURNS SETOF pgqueue.prune_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -209,30 +357,9 @@ BEGIN
 END
 $$;
 
--- Step "orphans": session-bound claims whose backend has exited (same pid and start time no
--- longer alive in this database) get an expired lease, so the re-arm step that follows makes
--- them claimable. "In this database": a restored copy's claims belong to no session here.
-CREATE OR REPLACE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    WITH alive AS MATERIALIZED (
-        SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
-         WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-    ), orphaned AS (
-        SELECT m.msg_id FROM pgqueue.messages m
-         WHERE m.state = 'claimed' AND m.session_pid IS NOT NULL AND m.lease_expires_at > now()
-           AND NOT EXISTS (SELECT FROM alive a
-                            WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
-           FOR UPDATE OF m SKIP LOCKED
-    ), expired AS (
-        UPDATE pgqueue.messages m SET lease_expires_at = now()
-          FROM orphaned o WHERE m.msg_id = o.msg_id
-        RETURNING m.msg_id
-    )
-    SELECT count(*) FROM expired;
-END;
+REVOKE ALL ON FUNCTION pgqueue._index_history_part(text), pgqueue._lock_queue(text) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION pgqueue._index_history_part(text) FROM PUBLIC;
+ALTER TABLE pgqueue.messages DROP CONSTRAINT messages_queue_fkey;
 
 DROP INDEX pgqueue.history_dead_idx;  -- and with it every partition's copy
 DO $upgrade$

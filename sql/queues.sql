@@ -103,7 +103,8 @@ DECLARE
 BEGIN
     PERFORM pgqueue._require(force, 'force');
     PERFORM pgqueue._queue(queue);
-    -- Lock the queue row: no send or claim can start on it until this commits.
+    -- Lock the queue row: sends under way (they lock it FOR KEY SHARE, see _lock_queue)
+    -- commit first, and no new one starts until this commits.
     PERFORM FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue FOR UPDATE;
     SELECT count(*) INTO in_flight FROM pgqueue.messages m
      WHERE m.queue = pgq_drop_queue.queue AND m.state = 'claimed';
@@ -112,7 +113,8 @@ BEGIN
             USING ERRCODE = 'object_in_use',
                   HINT = 'Wait for the consumers to finish, or pass force => true.';
     END IF;
-    DELETE FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue;  -- cascades to messages
+    DELETE FROM pgqueue.messages m WHERE m.queue = pgq_drop_queue.queue;
+    DELETE FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue;
     -- Dropping a partition locks pgqueue.history exclusively: wait for that at most
     -- lock_timeout (5 s, this function's setting), then fail with 55P03 and change nothing.
     EXECUTE pg_catalog.format('DROP TABLE pgqueue.%I', pgqueue._history_table(queue));

@@ -28,7 +28,7 @@ CREATE TABLE pgqueue.queues (
 -- fillfactor leaves room on each page so that lease renewals stay HOT updates.
 CREATE TABLE pgqueue.messages (
     msg_id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    queue            text NOT NULL REFERENCES pgqueue.queues ON DELETE CASCADE,
+    queue            text NOT NULL,  -- no foreign key: see pgqueue._lock_queue
     state            text NOT NULL CONSTRAINT messages_state_check
                          CHECK (state IN ('ready', 'delayed', 'claimed')),
     priority         smallint NOT NULL DEFAULT 0 CONSTRAINT messages_priority_check

@@ -10,7 +10,7 @@ CREATE FUNCTION pgqueue.pgq_send_batch(
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
-    q pgqueue.queues := pgqueue._queue(queue);
+    q pgqueue.queues := pgqueue._lock_queue(queue);
     due timestamptz;
 BEGIN
     PERFORM pgqueue._check_payloads(payloads);
@@ -40,7 +40,7 @@ CREATE FUNCTION pgqueue.pgq_send(
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
-    q pgqueue.queues := pgqueue._queue(queue);
+    q pgqueue.queues := pgqueue._lock_queue(queue);
     due timestamptz;
     id bigint;
 BEGIN

@@ -100,11 +100,10 @@ fn claim(c: &mut Client, q: &str, extra: &str) -> (i64, Uuid) {
 fn fill(c: &mut Client) -> Source {
     let db = common::unique_queue("backup_src");
     let roles = [format!("{db}_producer"), format!("{db}_ops")];
+    c.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
     c.batch_execute(&format!(
-        "CREATE DATABASE {db};
-         CREATE ROLE {p} LOGIN IN ROLE pgqueue_producer; CREATE ROLE {o} LOGIN",
-        p = roles[0],
-        o = roles[1]
+        "CREATE ROLE {} LOGIN IN ROLE pgqueue_producer; CREATE ROLE {} LOGIN",
+        roles[0], roles[1]
     ))
     .unwrap();
     let mut s = connect_to(&db);

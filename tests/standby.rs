@@ -48,7 +48,7 @@ fn a_standby_runs_nothing_until_promoted_then_takes_over_the_queues() {
         let r = p.query_one("SELECT msg_id, claim_token FROM pgqueue.pgq_claim('jobs')", &[]).unwrap();
         let (id, token): (i64, uuid::Uuid) = (r.get(0), r.get(1));
         let f = if fail { "pgq_fail" } else { "pgq_ack" };
-        p.execute(&format!("SELECT pgqueue.{f}($1, $2)"), &[&id, &token]).unwrap();
+        p.execute(&format!("SELECT pgqueue.{f}($1::bigint, $2::uuid)"), &[&id, &token]).unwrap();
     }
 
     let standby = Server::standby_of(&primary, &[]);

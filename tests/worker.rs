@@ -313,11 +313,8 @@ fn a_database_owner_who_is_not_a_superuser_drops_it_and_nobody_else_disturbs_its
     let mut c = connect();
     let db = unique_queue("owned");
     let (owner, stranger) = (format!("{db}_owner"), format!("{db}_stranger"));
-    c.batch_execute(&format!(
-        "CREATE ROLE {owner} LOGIN CREATEDB; CREATE ROLE {stranger} LOGIN CREATEDB;
-         CREATE DATABASE {db} OWNER {owner}"
-    ))
-    .unwrap();
+    c.batch_execute(&format!("CREATE ROLE {owner} LOGIN CREATEDB; CREATE ROLE {stranger} LOGIN CREATEDB")).unwrap();
+    c.batch_execute(&format!("CREATE DATABASE {db} OWNER {owner}")).unwrap();
     common::connect_to(&db).batch_execute("CREATE EXTENSION pgqueue").unwrap();
     let worker = |c: &mut Client| -> Option<i32> {
         c.query_opt("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pgqueue worker' AND datname = $1", &[&db])

@@ -49,7 +49,20 @@ impl Server {
         let port = primary.port.to_string();
         server.run_ok(
             "pg_basebackup",
-            &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-D", &server.data(), "-R", "-X", "stream"],
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                &server.data(),
+                "-R",
+                "-X",
+                "stream",
+                "--checkpoint=fast",
+            ],
         );
         server.configure(conf);
         server
