@@ -79,6 +79,8 @@ pub mod pg_test {
             "pgqueue.launcher_naptime = '200ms'",
             "pgqueue.tick_interval = '100ms'",
             "pgqueue.prune_interval = '1s'",
+            // Tests make several databases, each with its worker (default 8 slots in all).
+            "max_worker_processes = 16",
         ]
     }
 }

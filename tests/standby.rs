@@ -59,15 +59,7 @@ fn a_standby_runs_nothing_until_promoted_then_takes_over_the_queues() {
 
     // From now on the primary's worker idles (the setting is not part of what replicates),
     // so claims that expire stay expired until the failover.
-    p.batch_execute("ALTER SYSTEM SET pgqueue.enabled = off").unwrap();
-    p.batch_execute("SELECT pg_reload_conf()").unwrap();
-    let ticks = |p: &mut Client| -> i64 { p.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0) };
-    let mut last = ticks(&mut p);
-    wait_for("the primary's worker to idle", LIMIT, || {
-        std::thread::sleep(Duration::from_millis(500));
-        let now = ticks(&mut p);
-        std::mem::replace(&mut last, now).eq(&now).then_some(())
-    });
+    common::turn_workers_off(&mut p);
     let expired = ids(&mut p, "SELECT msg_id FROM pgqueue.pgq_claim('jobs', qty => 5, lease => '1 s')");
     let live = ids(&mut p, "SELECT msg_id FROM pgqueue.pgq_claim('jobs', qty => 2)");
     p.batch_execute("SELECT pgqueue.pgq_send('jobs', '{\"late\": true}') FROM generate_series(1, 3)").unwrap();

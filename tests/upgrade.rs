@@ -5,7 +5,7 @@
 mod common;
 
 use common::server::{bindir, this_major};
-use common::{Client, connect, connect_to, wait_for};
+use common::{Client, connect, connect_to, wait_for, workers_only_in};
 use std::process::Command;
 use std::time::Duration;
 
@@ -98,23 +98,6 @@ fn schema(c: &mut Client, db: &str) -> String {
     kept.join("\n-- entry: ")
 }
 
-fn workers_only_in(c: &mut Client, list: Option<&str>) {
-    match list {
-        Some(list) => c.batch_execute(&format!("ALTER SYSTEM SET pgqueue.databases = '{list}'")).unwrap(),
-        None => c.batch_execute("ALTER SYSTEM RESET pgqueue.databases").unwrap(),
-    }
-    c.batch_execute("SELECT pg_reload_conf()").unwrap();
-}
-
-fn worker_in(c: &mut Client, db: &str) -> bool {
-    c.query_one(
-        "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE backend_type = 'pgqueue worker' AND datname = $1)",
-        &[&db],
-    )
-    .unwrap()
-    .get(0)
-}
-
 #[test]
 fn alter_extension_update_from_the_previous_release_equals_a_fresh_install() {
     let mut c = connect();
@@ -139,7 +122,6 @@ fn alter_extension_update_from_the_previous_release_equals_a_fresh_install() {
 
     // Quiet (no worker there), so that the rows before and after the update can be compared.
     workers_only_in(&mut c, Some(&test_db));
-    wait_for("the worker to leave", LIMIT, || (!worker_in(&mut c, &old)).then_some(()));
     let before = rows(&mut u);
     u.batch_execute("ALTER EXTENSION pgqueue UPDATE").unwrap();
     let version: String =
@@ -231,15 +213,7 @@ fn pg_upgrade_from_17_to_18_keeps_the_queues_and_the_worker_runs_after() {
         (n > 0).then_some(())
     });
     // Quiet (the worker idles), and a claim whose lease ends while the server is down.
-    a.batch_execute("ALTER SYSTEM SET pgqueue.enabled = off").unwrap();
-    a.batch_execute("SELECT pg_reload_conf()").unwrap();
-    let ticks = |a: &mut Client| -> i64 { a.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0) };
-    let mut last = ticks(&mut a);
-    wait_for("the 17 worker to idle", LIMIT, || {
-        std::thread::sleep(Duration::from_millis(500));
-        let now = ticks(&mut a);
-        std::mem::replace(&mut last, now).eq(&now).then_some(())
-    });
+    common::turn_workers_off(&mut a);
     let lapsed: i64 = a.query_one("SELECT msg_id FROM pgqueue.pgq_claim('jobs', lease => '1 s')", &[]).unwrap().get(0);
     let before = rows(&mut a);
     drop(a);

@@ -27,21 +27,44 @@ fn start_cluster() {
 /// re-arms themselves), once, and waits until it has stopped ticking.
 pub fn disable_worker() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let mut c = connect();
-        c.batch_execute("ALTER SYSTEM SET pgqueue.enabled = off").unwrap();
-        c.batch_execute("SELECT pg_reload_conf()").unwrap();
-        let ticks =
-            |c: &mut Client| -> i64 { c.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0) };
-        let mut last = ticks(&mut c);
-        wait_for("the worker to stop ticking", Duration::from_secs(30), || {
-            std::thread::sleep(Duration::from_millis(500));
-            let now = ticks(&mut c);
-            let stopped = now == last;
-            last = now;
-            stopped.then_some(())
-        });
+    ONCE.call_once(|| turn_workers_off(&mut connect()));
+}
+
+/// `pgqueue.enabled = off` in `c`'s cluster (reloaded), and waits until the worker of `c`'s
+/// database has stopped ticking.
+pub fn turn_workers_off(c: &mut Client) {
+    c.batch_execute("ALTER SYSTEM SET pgqueue.enabled = off").unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
+    let ticks = |c: &mut Client| -> i64 { c.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0) };
+    let mut last = ticks(c);
+    wait_for("the worker to stop ticking", Duration::from_secs(30), || {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = ticks(c);
+        std::mem::replace(&mut last, now).eq(&now).then_some(())
     });
+}
+
+/// Workers only in the databases `list` names (`pgqueue.databases`, reloaded), or everywhere
+/// again (None); waits until no worker is left in any other database.
+pub fn workers_only_in(c: &mut Client, list: Option<&str>) {
+    match list {
+        Some(list) => c.batch_execute(&format!("ALTER SYSTEM SET pgqueue.databases = '{list}'")).unwrap(),
+        None => c.batch_execute("ALTER SYSTEM RESET pgqueue.databases").unwrap(),
+    }
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
+    if let Some(list) = list {
+        wait_for("workers only where listed", Duration::from_secs(30), || {
+            let others: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pgqueue worker'
+                        AND datname <> ALL (string_to_array(replace($1, ' ', ''), ','))",
+                    &[&list],
+                )
+                .unwrap()
+                .get(0);
+            (others == 0).then_some(())
+        });
+    }
 }
 
 /// A connection whose server notices (e.g. auto_explain output) are collected in `sink`.
