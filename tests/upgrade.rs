@@ -214,12 +214,14 @@ fn pg_upgrade_from_17_to_18_keeps_the_queues_and_the_worker_runs_after() {
     });
     // Quiet (the worker idles), and a claim whose lease ends while the server is down.
     common::turn_workers_off(&mut a);
-    let lapsed: i64 = a.query_one("SELECT msg_id FROM pgqueue.pgq_claim('jobs', lease => '1 s')", &[]).unwrap().get(0);
+    a.batch_execute("SELECT pgqueue.pgq_create_queue('lapse'); SELECT pgqueue.pgq_send('lapse', '{}')").unwrap();
+    let lapsed: i64 = a.query_one("SELECT msg_id FROM pgqueue.pgq_claim('lapse', lease => '1 s')", &[]).unwrap().get(0);
     let before = rows(&mut a);
     drop(a);
     old.stop();
 
-    let new = Server::init(&bindir(18), &conf);
+    // 18's initdb turns data checksums on by default; the 17 cluster has none.
+    let new = Server::init_with(&bindir(18), &["--no-data-checksums"], &conf);
     let (old_port, new_port) = (old.port.to_string(), new.port.to_string());
     new.run_ok(
         "pg_upgrade",
@@ -240,14 +242,13 @@ fn pg_upgrade_from_17_to_18_keeps_the_queues_and_the_worker_runs_after() {
             "postgres",
         ],
     );
+    // First without its worker, so every row can be compared; then with it.
+    new.configure(&["pgqueue.enabled = off"]);
     new.start();
     let mut a = new.connect("app");
-    let after = rows(&mut a);
-    // Everything but the worker's row, which the new worker may already be writing.
-    assert_eq!(after[..4], before[..4], "queues, messages, history, prune state");
-    assert_eq!(after[5], before[5], "the msg_id sequence");
-    let counted: i64 = a.query_one("SELECT rearmed FROM pgqueue.worker_state", &[]).unwrap().get(0);
-    assert!(counted > 0, "the worker's counters came along");
+    assert_eq!(rows(&mut a), before, "queues, messages, history, prune state, counters, sequence");
+    a.batch_execute("ALTER SYSTEM SET pgqueue.enabled = on").unwrap();
+    a.batch_execute("SELECT pg_reload_conf()").unwrap();
     wait_for("the 18 worker re-arming the lapsed claim", LIMIT, || {
         let s: String = a.query_one("SELECT state FROM pgqueue.messages WHERE msg_id = $1", &[&lapsed]).unwrap().get(0);
         (s == "ready").then_some(())
@@ -258,4 +259,43 @@ fn pg_upgrade_from_17_to_18_keeps_the_queues_and_the_worker_runs_after() {
     let (id, token): (i64, uuid::Uuid) = (r.get(0), r.get(1));
     let acked: bool = a.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
     assert!(acked);
+}
+
+/// Installing a build while the server runs replaces the library file by a new one (a new
+/// inode) instead of writing over the one the server has mapped; the server, its worker and
+/// new sessions carry on.
+#[test]
+fn installing_a_build_into_a_running_server_does_not_disturb_it() {
+    use std::os::unix::fs::MetadataExt;
+    let mut c = connect();
+    let libdir: String = c.query_one("SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'", &[]).unwrap().get(0);
+    let library = std::path::Path::new(&libdir).join("pgqueue.so");
+    let inode = std::fs::metadata(&library).unwrap().ino();
+    let worker = |c: &mut Client| -> Option<i32> {
+        c.query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'pgqueue worker' AND datname = current_database()",
+            &[],
+        )
+        .unwrap()
+        .map(|r| r.get(0))
+    };
+    let pid = wait_for("the worker", LIMIT, || worker(&mut c));
+    let pg_config = bindir(this_major()).join("pg_config");
+    let status = Command::new("bash")
+        .args(["scripts/install.sh", "--debug", "--test", "--pg-config"])
+        .arg(&pg_config)
+        .args(["--no-default-features", "--features", &format!("pg{} pg_test", this_major())])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_ne!(std::fs::metadata(&library).unwrap().ino(), inode, "a new file, renamed into place");
+    let ticks: i64 = c.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0);
+    wait_for("the same worker ticking on", LIMIT, || {
+        let t: i64 = c.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0);
+        (t > ticks + 1).then_some(())
+    });
+    assert_eq!(worker(&mut c), Some(pid));
+    let mut fresh = connect();
+    let version: String = fresh.query_one("SELECT pgqueue.pgq_version()", &[]).unwrap().get(0);
+    assert_eq!(version, env!("CARGO_PKG_VERSION"));
 }

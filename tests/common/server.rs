@@ -37,8 +37,16 @@ impl Server {
     /// A new cluster (initdb) of the programs in `bindir`, not started, with `conf` appended
     /// to its postgresql.conf.
     pub fn init(bindir: &Path, conf: &[&str]) -> Server {
+        Server::init_with(bindir, &[], conf)
+    }
+
+    /// `init`, with more initdb arguments.
+    pub fn init_with(bindir: &Path, initdb: &[&str], conf: &[&str]) -> Server {
         let server = Server::empty(bindir);
-        server.run_ok("initdb", &["-D", &server.data(), "-A", "trust", "-U", "postgres", "--no-instructions"]);
+        let data = server.data();
+        let mut args = vec!["-D", &data, "-A", "trust", "-U", "postgres", "--no-instructions"];
+        args.extend(initdb);
+        server.run_ok("initdb", &args);
         server.configure(conf);
         server
     }
