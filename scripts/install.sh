@@ -26,15 +26,18 @@ else
     profile=
 fi
 
-args=() pg_config="" features=0
+args=() pg_config="" features=0 as_root=()
 while (($#)); do
     case "$1" in
-        --sudo) ;; # we run as the owner of the installation (root) already
+        --sudo) ((EUID == 0)) || as_root=(sudo) ;;
+        --no-schema) ;; # `cargo pgrx package` always writes the schema
         --release) profile= ;;
         --debug) profile=--debug ;;
         --profile) profile="--profile $2"; shift ;;
         --pg-config | -c) pg_config=$2; args+=("$1" "$2"); shift ;;
+        --pg-config=*) pg_config=${1#*=}; args+=("$1") ;;
         --features | -F) features=1; args+=("$1" "$2"); shift ;;
+        --features=*) features=1; args+=("$1") ;;
         *) args+=("$1") ;;
     esac
     shift
@@ -42,6 +45,12 @@ done
 [ -n "$pg_config" ] || { echo "install.sh: --pg-config is required" >&2; exit 2; }
 major=$("$pg_config" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 ((features)) || args+=(--no-default-features --features "pg$major")
+
+# One build at a time per target directory: each copies its library out of it.
+target="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$target"
+exec 9>"$target/.pgqueue-install.lock"
+flock 9
 
 staging=$(mktemp -d /tmp/pgqueue-package.XXXX)
 trap 'rm -rf "$staging"' EXIT
@@ -52,12 +61,18 @@ extdir="$("$pg_config" --sharedir)/extension"
 mkdir -p "$staging$extdir"
 cp sql/releases/pgqueue--*.sql "$staging$extdir/"
 
-# The package mirrors the installation's absolute paths under $staging.
-(cd "$staging" && find . -type f) | while read -r file; do
+# The package mirrors the installation's absolute paths under $staging. The library goes
+# first and the control file last, so the SQL never names a library that is not there yet.
+(
+    cd "$staging"
+    find . -type f -name '*.so'
+    find . -type f ! -name '*.so' ! -name '*.control'
+    find . -type f -name '*.control'
+) | while IFS= read -r file; do
     dest="${file#.}"
-    mkdir -p "$(dirname "$dest")"
-    cp "$staging/$file" "$dest.new.$$"
-    chmod a+r "$dest.new.$$"
-    mv -f "$dest.new.$$" "$dest"
+    "${as_root[@]}" mkdir -p "$(dirname "$dest")"
+    "${as_root[@]}" cp "$staging/$file" "$dest.new.$$"
+    "${as_root[@]}" chmod a+r "$dest.new.$$"
+    "${as_root[@]}" mv -f "$dest.new.$$" "$dest"
     echo "installed $dest" >&2
 done

@@ -43,6 +43,10 @@ DECLARE
     timeout text := pgqueue._prune_lock_timeout() || 'ms';
 BEGIN
     FOR q IN SELECT queues.queue FROM pgqueue.queues ORDER BY 1 LOOP
+        -- Not while a restore builds this history: that day's rows may be on their way into
+        -- the default partition, and its COPY would fail once the day has a partition.
+        CONTINUE WHEN pgqueue._unindexed_history_part(
+            to_regclass(format('pgqueue.%I', pgqueue._history_table(q)))) IS NOT NULL;
         FOR day IN SELECT d::date FROM generate_series(now()::date, now()::date + 2, '1 day') d LOOP
             BEGIN
                 PERFORM set_config('lock_timeout', timeout, true);
@@ -86,6 +90,7 @@ DECLARE
     newest timestamptz;
     setback boolean;
     parent regclass;
+    unindexed text;
 BEGIN
     IF pgq_prune.queue IS NOT NULL THEN
         PERFORM pgqueue._queue(pgq_prune.queue);
@@ -103,11 +108,15 @@ BEGIN
         END IF;
         parent := to_regclass(format('pgqueue.%I', pgqueue._history_table(q.queue)));
         CONTINUE WHEN parent IS NULL;  -- the queue is being dropped
-        IF NOT pg_try_advisory_xact_lock(hashtext('pgqueue.pgq_prune'), hashtext(q.queue))
-           -- A leaf without its index: a restore is still building this queue's history
-           -- (pg_dump creates indexes last) and may yet load or index a partition we would drop.
-           OR EXISTS (SELECT FROM pg_partition_tree(parent) t
-                       WHERE t.isleaf AND NOT EXISTS (SELECT FROM pg_index i WHERE i.indrelid = t.relid)) THEN
+        unindexed := pgqueue._unindexed_history_part(parent);
+        IF unindexed IS NOT NULL THEN
+            RAISE WARNING 'pgqueue: not pruning queue "%": its history partition "%" has no index yet',
+                q.queue, unindexed
+                USING HINT = pg_catalog.format('A restore under way creates it last; else: SELECT pgqueue._index_history_part(%L)',
+                                               unindexed);
+        END IF;
+        IF unindexed IS NOT NULL
+           OR NOT pg_try_advisory_xact_lock(hashtext('pgqueue.pgq_prune'), hashtext(q.queue)) THEN
             r.outcome := 'skipped_active';
             setback := true;
             RETURN NEXT r;

@@ -3,10 +3,11 @@
 -- Dumps of a pgqueue database restore again, also with pg_restore --jobs:
 -- * the dead-letter index moves from a partitioned index on pgqueue.history (which ATTACH
 --   PARTITION copied onto each queue's history before the dump's own CREATE INDEX ran) to a
---   plain index on each leaf partition; pgq_prune leaves a queue alone while a leaf lacks it
---   (a restore still under way);
+--   plain index on each leaf partition; the worker neither adds nor drops a queue's history
+--   partitions while one lacks it (a restore still under way);
 -- * messages loses its foreign key to queues (a parallel restore loads the two in any
---   order); sends lock the queue row themselves, and pgq_drop_queue deletes the messages.
+--   order); sends lock the queue row themselves, and pgq_drop_queue deletes the messages
+--   (only in READ COMMITTED, where it sees what concurrent sends commit).
 -- Session-bound claims count as orphaned unless their backend is connected to this database.
 
 -- Indexes one leaf partition of a queue's history, for pgq_redrive's lookups of dead
@@ -20,6 +21,15 @@ BEGIN
         part || '_dead', part, 'dead');
 END
 $$;
+
+-- The first leaf partition of a queue's history (`parent`) that has no index, if any: a
+-- restore is still building that history (pg_dump creates indexes last) and may yet load
+-- rows into, or index, any of its partitions, so the worker neither adds nor drops one.
+CREATE FUNCTION pgqueue._unindexed_history_part(parent regclass) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT c.relname::text FROM pg_partition_tree(parent) t JOIN pg_class c ON c.oid = t.relid
+         WHERE t.isleaf AND NOT EXISTS (SELECT FROM pg_index i WHERE i.indrelid = t.relid)
+         ORDER BY 1 LIMIT 1);
 
 -- The queue's settings, its row locked FOR KEY SHARE until commit, for the functions that
 -- insert messages: pgq_drop_queue locks the row FOR UPDATE before it deletes the queue's
@@ -123,6 +133,12 @@ DECLARE
 BEGIN
     PERFORM pgqueue._require(force, 'force');
     PERFORM pgqueue._queue(queue);
+    -- The messages of sends that commit while this waits for the queue's row must be
+    -- visible to the DELETE below: only a fresh snapshot per statement sees them.
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgqueue: pgq_drop_queue runs only in a READ COMMITTED transaction'
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
     -- Lock the queue row: sends under way (they lock it FOR KEY SHARE, see _lock_queue)
     -- commit first, and no new one starts until this commits.
     PERFORM FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue FOR UPDATE;
@@ -243,6 +259,40 @@ BEGIN ATOMIC
     SELECT count(*) FROM expired;
 END;
 
+-- Step "partitions": every queue's history has day partitions for today and the next two
+-- days. Creating one locks the queue's history briefly: only under prune_lock_timeout, and a
+-- lock not granted in time is retried next tick (rows meanwhile go to the default partition).
+CREATE OR REPLACE FUNCTION pgqueue._maintain_partitions() RETURNS bigint
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' SET lock_timeout = '5s' AS $$
+DECLARE
+    q text;
+    day date;
+    created bigint := 0;
+    timeout text := pgqueue._prune_lock_timeout() || 'ms';
+BEGIN
+    FOR q IN SELECT queues.queue FROM pgqueue.queues ORDER BY 1 LOOP
+        -- Not while a restore builds this history: that day's rows may be on their way into
+        -- the default partition, and its COPY would fail once the day has a partition.
+        CONTINUE WHEN pgqueue._unindexed_history_part(
+            to_regclass(format('pgqueue.%I', pgqueue._history_table(q)))) IS NOT NULL;
+        FOR day IN SELECT d::date FROM generate_series(now()::date, now()::date + 2, '1 day') d LOOP
+            BEGIN
+                PERFORM set_config('lock_timeout', timeout, true);
+                IF pgqueue._ensure_history_day(q, day) THEN
+                    created := created + 1;
+                END IF;
+            EXCEPTION
+                WHEN lock_not_available THEN NULL;  -- busy: next tick
+                WHEN check_violation THEN NULL;     -- that day's rows already sit in the default partition
+                WHEN OTHERS THEN                    -- one queue's trouble must not stop the others
+                    RAISE WARNING 'pgqueue: cannot add the % partition of queue %: %', day, q, SQLERRM;
+            END;
+        END LOOP;
+    END LOOP;
+    RETURN created;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgqueue.pgq_prune(queue text DEFAULT NULL) RETURNS SETOF pgqueue.prune_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp SET jit = off SET TimeZone = 'UTC' SET lock_timeout = '5s' AS $$
@@ -257,6 +307,7 @@ DECLARE
     newest timestamptz;
     setback boolean;
     parent regclass;
+    unindexed text;
 BEGIN
     IF pgq_prune.queue IS NOT NULL THEN
         PERFORM pgqueue._queue(pgq_prune.queue);
@@ -274,11 +325,15 @@ BEGIN
         END IF;
         parent := to_regclass(format('pgqueue.%I', pgqueue._history_table(q.queue)));
         CONTINUE WHEN parent IS NULL;  -- the queue is being dropped
-        IF NOT pg_try_advisory_xact_lock(hashtext('pgqueue.pgq_prune'), hashtext(q.queue))
-           -- A leaf without its index: a restore is still building this queue's history
-           -- (pg_dump creates indexes last) and may yet load or index a partition we would drop.
-           OR EXISTS (SELECT FROM pg_partition_tree(parent) t
-                       WHERE t.isleaf AND NOT EXISTS (SELECT FROM pg_index i WHERE i.indrelid = t.relid)) THEN
+        unindexed := pgqueue._unindexed_history_part(parent);
+        IF unindexed IS NOT NULL THEN
+            RAISE WARNING 'pgqueue: not pruning queue "%": its history partition "%" has no index yet',
+                q.queue, unindexed
+                USING HINT = pg_catalog.format('A restore under way creates it last; else: SELECT pgqueue._index_history_part(%L)',
+                                               unindexed);
+        END IF;
+        IF unindexed IS NOT NULL
+           OR NOT pg_try_advisory_xact_lock(hashtext('pgqueue.pgq_prune'), hashtext(q.queue)) THEN
             r.outcome := 'skipped_active';
             setback := true;
             RETURN NEXT r;
@@ -357,7 +412,8 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION pgqueue._index_history_part(text), pgqueue._lock_queue(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgqueue._index_history_part(text), pgqueue._unindexed_history_part(regclass),
+    pgqueue._lock_queue(text) FROM PUBLIC;
 
 ALTER TABLE pgqueue.messages DROP CONSTRAINT messages_queue_fkey;
 

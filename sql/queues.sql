@@ -19,6 +19,15 @@ BEGIN
 END
 $$;
 
+-- The first leaf partition of a queue's history (`parent`) that has no index, if any: a
+-- restore is still building that history (pg_dump creates indexes last) and may yet load
+-- rows into, or index, any of its partitions, so the worker neither adds nor drops one.
+CREATE FUNCTION pgqueue._unindexed_history_part(parent regclass) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT c.relname::text FROM pg_partition_tree(parent) t JOIN pg_class c ON c.oid = t.relid
+         WHERE t.isleaf AND NOT EXISTS (SELECT FROM pg_index i WHERE i.indrelid = t.relid)
+         ORDER BY 1 LIMIT 1);
+
 -- Creates the day partition of a queue's history that holds `day` (a UTC day), unless it
 -- exists. Created apart, then attached: attaching locks the queue's history only in SHARE
 -- UPDATE EXCLUSIVE mode, so acks keep flowing.
@@ -103,6 +112,12 @@ DECLARE
 BEGIN
     PERFORM pgqueue._require(force, 'force');
     PERFORM pgqueue._queue(queue);
+    -- The messages of sends that commit while this waits for the queue's row must be
+    -- visible to the DELETE below: only a fresh snapshot per statement sees them.
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgqueue: pgq_drop_queue runs only in a READ COMMITTED transaction'
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
     -- Lock the queue row: sends under way (they lock it FOR KEY SHARE, see _lock_queue)
     -- commit first, and no new one starts until this commits.
     PERFORM FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue FOR UPDATE;

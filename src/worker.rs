@@ -229,7 +229,7 @@ unsafe extern "C-unwind" fn process_utility(
     // SAFETY: the arguments are PostgreSQL's, passed on unchanged; the hook chain is read
     // only after preload.
     unsafe {
-        before_utility(pstmt);
+        before_utility(pstmt, context);
         match PREVIOUS_PROCESS_UTILITY {
             Some(previous) => previous(pstmt, query, read_only_tree, context, params, query_env, dest, qc),
             None => standard_process_utility(pstmt, query, read_only_tree, context, params, query_env, dest, qc),
@@ -237,33 +237,46 @@ unsafe extern "C-unwind" fn process_utility(
     }
 }
 
-/// DROP DATABASE waits (5 s at most) for other sessions to leave the database, and our
-/// worker is one of them: ask it to leave first, so dropping a database just works.
+/// DROP DATABASE waits (5 s at most) for other sessions to leave the database, and with
+/// FORCE terminates them only if the caller may signal them; our worker is one of them: make
+/// it leave first, so dropping a database just works.
 #[pg_guard]
-unsafe extern "C-unwind" fn before_utility(pstmt: *mut pg_sys::PlannedStmt) {
+unsafe extern "C-unwind" fn before_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    context: pg_sys::ProcessUtilityContext::Type,
+) {
     // SAFETY: pstmt is the statement being executed, valid for the duration of the call.
     unsafe {
         let stmt = (*pstmt).utilityStmt;
-        if !stmt.is_null() && (*stmt).type_ == pg_sys::NodeTag::T_DropdbStmt {
+        // In a transaction block PostgreSQL refuses DROP DATABASE: leave the worker alone.
+        let top_level = context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL;
+        if !stmt.is_null() && (*stmt).type_ == pg_sys::NodeTag::T_DropdbStmt && !pg_sys::IsInTransactionBlock(top_level)
+        {
             let name = CStr::from_ptr((*(stmt as *mut pg_sys::DropdbStmt)).dbname).to_string_lossy().into_owned();
             stop_workers_in(&name);
         }
     }
 }
 
-/// Signals the workers of `database` to exit, if the caller may drop it: it exists, is not a
+/// Makes the workers of `database` exit, if the caller may drop it: it exists, is not a
 /// template nor the caller's own database, and the caller owns it (or is a superuser). A drop
-/// that PostgreSQL will refuse leaves the worker alone.
+/// that PostgreSQL will refuse for want of privileges leaves the worker alone.
 fn stop_workers_in(database: &str) {
-    let permitted = Spi::get_one_with_args::<bool>(
-        "SELECT pg_catalog.pg_has_role(datdba, 'USAGE') AND NOT datistemplate
-                AND datname OPERATOR(pg_catalog.<>) pg_catalog.current_database()
-           FROM pg_catalog.pg_database WHERE datname OPERATOR(pg_catalog.=) $1",
+    let permitted = Spi::get_one_with_args::<pg_sys::Oid>(
+        "SELECT oid FROM pg_catalog.pg_database
+          WHERE datname OPERATOR(pg_catalog.=) $1 AND pg_catalog.pg_has_role(datdba, 'USAGE')
+            AND NOT datistemplate AND datname OPERATOR(pg_catalog.<>) pg_catalog.current_database()",
         &[database.into()],
     );
-    if !matches!(permitted, Ok(Some(true))) {
+    let Ok(Some(oid)) = permitted else {
         return;
-    }
+    };
+    // The lock DROP DATABASE itself takes next: from now on no session can connect there,
+    // so the launcher cannot start a worker there again before the drop commits.
+    // SAFETY: a heavyweight lock on a shared object, released at the end of the transaction.
+    unsafe {
+        pg_sys::LockSharedObject(pg_sys::DatabaseRelationId, oid, 0, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE)
+    };
     // pg_stat_activity names other roles' backends only to privileged roles, and the owner
     // of a database need not be one: look as the bootstrap superuser.
     let pids: Vec<i32> = as_bootstrap_superuser(|| {
@@ -280,11 +293,20 @@ fn stop_workers_in(database: &str) {
         })
         .unwrap_or_default()
     });
-    for pid in pids {
+    for &pid in &pids {
         // A direct signal: the worker runs as the bootstrap superuser, whom the owner
         // dropping the database may not pg_terminate_backend.
         // SAFETY: SIGTERM to a process of our own server; it exits at its next wait.
         unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    // Until they are gone (a tick finishes first): DROP DATABASE ... WITH (FORCE) would
+    // otherwise find one still there and refuse to terminate a superuser's process.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // SAFETY: BackendPidGetProc reads the proc array under its lock.
+    while pids.iter().any(|&pid| unsafe { !pg_sys::BackendPidGetProc(pid).is_null() }) && Instant::now() < deadline {
+        pgrx::check_for_interrupts!();
+        // SAFETY: a plain sleep; interrupts are checked above.
+        unsafe { pg_sys::pg_usleep(10_000) };
     }
 }
 

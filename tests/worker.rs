@@ -312,34 +312,49 @@ fn a_database_owner_who_is_not_a_superuser_drops_it_and_nobody_else_disturbs_its
     let _serial = serial();
     let mut c = connect();
     let db = unique_queue("owned");
+    let forced = format!("{db}_forced");
     let (owner, stranger) = (format!("{db}_owner"), format!("{db}_stranger"));
     c.batch_execute(&format!("CREATE ROLE {owner} LOGIN CREATEDB; CREATE ROLE {stranger} LOGIN CREATEDB")).unwrap();
-    c.batch_execute(&format!("CREATE DATABASE {db} OWNER {owner}")).unwrap();
-    common::connect_to(&db).batch_execute("CREATE EXTENSION pgqueue").unwrap();
-    let worker = |c: &mut Client| -> Option<i32> {
+    let worker = |c: &mut Client, db: &str| -> Option<i32> {
         c.query_opt("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pgqueue worker' AND datname = $1", &[&db])
             .unwrap()
             .map(|r| r.get(0))
     };
-    let pid = wait_for("a worker in the owned database", LIMIT, || worker(&mut c));
+    for d in [&db, &forced] {
+        c.batch_execute(&format!("CREATE DATABASE {d} OWNER {owner}")).unwrap();
+        common::connect_to(d).batch_execute("CREATE EXTENSION pgqueue").unwrap();
+    }
+    let pid = wait_for("a worker in the owned database", LIMIT, || worker(&mut c, &db));
+    wait_for("a worker in the other one", LIMIT, || worker(&mut c, &forced));
+    let still_ticking = |c: &mut Client| {
+        let ticks = stat(&mut common::connect_to(&db), "ticks");
+        wait_for("two more ticks there", LIMIT, || {
+            (stat(&mut common::connect_to(&db), "ticks") >= ticks + 2).then_some(())
+        });
+        assert_eq!(worker(c, &db), Some(pid), "the same worker carries on");
+    };
 
     // Someone who may not drop it is refused, and its worker is left alone.
     let mut other = common::connect_as(&stranger, "postgres");
     let err = other.batch_execute(&format!("DROP DATABASE {db}")).unwrap_err();
     assert_eq!(err.code().map(|s| s.code()), Some("42501"), "{err}");
-    let ticks = stat(&mut common::connect_to(&db), "ticks");
-    wait_for("two more ticks there", LIMIT, || {
-        (stat(&mut common::connect_to(&db), "ticks") >= ticks + 2).then_some(())
-    });
-    assert_eq!(worker(&mut c), Some(pid), "the same worker carries on");
-
-    // Its owner drops it at once: the worker leaves instead of blocking the drop.
+    still_ticking(&mut c);
+    // So does a drop that PostgreSQL refuses in a transaction block.
     let mut owner_session = common::connect_as(&owner, "postgres");
+    owner_session.batch_execute("BEGIN").unwrap();
+    let err = owner_session.batch_execute(&format!("DROP DATABASE {db}")).unwrap_err();
+    assert_eq!(err.code().map(|s| s.code()), Some("25001"), "{err}");
+    owner_session.batch_execute("ROLLBACK").unwrap();
+    still_ticking(&mut c);
+
+    // Its owner drops it at once, plainly or WITH (FORCE): the worker leaves first.
     owner_session.batch_execute(&format!("DROP DATABASE {db}")).expect("the owner's DROP DATABASE succeeds");
-    assert_eq!(worker(&mut c), None);
-    let gone: bool =
-        c.query_one("SELECT NOT EXISTS (SELECT FROM pg_database WHERE datname = $1)", &[&db]).unwrap().get(0);
-    assert!(gone);
+    owner_session
+        .batch_execute(&format!("DROP DATABASE {forced} WITH (FORCE)"))
+        .expect("the owner's DROP DATABASE WITH (FORCE) succeeds");
+    let gone: i64 =
+        c.query_one("SELECT count(*) FROM pg_database WHERE datname IN ($1, $2)", &[&db, &forced]).unwrap().get(0);
+    assert_eq!(gone, 0);
     drop((other, owner_session));
     c.batch_execute(&format!("DROP ROLE {owner}; DROP ROLE {stranger}")).unwrap();
 }

@@ -443,6 +443,44 @@ fn drop_queue_refuses_while_claimed() {
     assert_eq!(part, None, "the queue's history goes with it");
 }
 
+/// Sends lock the queue's row (there is no foreign key to do it): a drop waits for a send
+/// under way and deletes what it committed, so no message outlives its queue. It needs READ
+/// COMMITTED to see those messages, and says so otherwise.
+#[test]
+fn drop_queue_takes_the_messages_of_a_send_that_commits_while_it_waits() {
+    let mut c = connect();
+    let q = new_queue(&mut c, "");
+    let mut producer = connect();
+    producer.batch_execute("BEGIN").unwrap();
+    producer.execute("SELECT pgqueue.pgq_send($1, '1')", &[&q]).unwrap();
+    let drop_sql = format!("SELECT pgqueue.pgq_drop_queue('{q}')");
+    let dropper = {
+        let drop_sql = drop_sql.clone();
+        std::thread::spawn(move || connect().batch_execute(&drop_sql))
+    };
+    // The drop waits for the producer's lock on the queue's row.
+    crate::common::wait_for("the drop to wait for the send", Duration::from_secs(30), || {
+        let waiting: bool = c
+            .query_one(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query = $1)",
+                &[&drop_sql],
+            )
+            .unwrap()
+            .get(0);
+        waiting.then_some(())
+    });
+    producer.batch_execute("COMMIT").unwrap();
+    dropper.join().unwrap().expect("the drop succeeds");
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1", &q), 0, "no orphan");
+    assert_eq!(sqlstate(producer.execute("SELECT pgqueue.pgq_send($1, '1')", &[&q])), "42704");
+
+    let q = new_queue(&mut c, "");
+    c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q])), "0A000");
+    c.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.queues WHERE queue = $1", &q), 1, "nothing changed");
+}
+
 #[test]
 fn queue_stats() {
     let mut c = connect();
