@@ -63,7 +63,8 @@ impl Sizes {
             in_flight: 50,
             run_for: Duration::from_millis(300),
             rescue_claims: 2_000,
-            prune_rows: 1_000,
+            // Enough that the pruned partition outweighs what the claimers ack meanwhile.
+            prune_rows: 20_000,
             renewals: 200,
             enqueue_messages: 2_000,
             work_per_second: 10_000.0,
