@@ -71,7 +71,11 @@ fn a_history_still_being_restored_is_not_pruned() {
     let mut c = connect();
     let (q, part) = queue_with_old_history(&mut c, 3);
     c.batch_execute(&format!("DROP INDEX pgqueue.\"{part}_dead\"")).unwrap();
-    assert_eq!(prune(&mut c, &q), vec![(format!("history_{q}"), "skipped_active".to_string(), 0)]);
+    let notices = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+    let mut watched = crate::common::connect_with_notices(notices.clone());
+    assert_eq!(prune(&mut watched, &q), vec![(format!("history_{q}"), "skipped_active".to_string(), 0)]);
+    let warned = notices.lock().unwrap().iter().any(|n| n.contains(&part) && n.contains("has no index"));
+    assert!(warned, "a warning names the partition: {:?}", notices.lock().unwrap());
     let kept: Option<String> =
         c.query_one("SELECT to_regclass(format('pgqueue.%I', $1::text))::text", &[&part]).unwrap().get(0);
     assert!(kept.is_some(), "the partition is still there");
