@@ -3,11 +3,15 @@
 
 -- Turns delayed messages whose time has come into claimable ones, oldest due first. Walks
 -- the delayed index only up to the first row not yet due. Used by pgq_claim (so delays
--- never depend on the worker) and by the worker's tick.
+-- never depend on the worker) and by the worker's tick. When all that was due got promoted,
+-- it tells the shared state when the next one falls due, so that claims skip promoting
+-- until then (the epoch, read before the promotion's snapshot, voids that if a delayed
+-- message arrived meanwhile).
 CREATE FUNCTION pgqueue._promote_due(queue text, max_rows integer) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_variable
 DECLARE
+    epoch bigint := pgqueue._due_epoch(queue);
     promoted bigint;
 BEGIN
     WITH due AS (
@@ -16,20 +20,37 @@ BEGIN
          ORDER BY m.visible_at
          LIMIT max_rows
            FOR UPDATE SKIP LOCKED
+    ), moved AS (
+        UPDATE pgqueue.messages m SET state = 'ready', visible_at = NULL
+          FROM due WHERE m.msg_id = due.msg_id
+        RETURNING m.msg_id, m.priority
     )
-    UPDATE pgqueue.messages m SET state = 'ready', visible_at = NULL
-      FROM due WHERE m.msg_id = due.msg_id;
-    GET DIAGNOSTICS promoted = ROW_COUNT;
+    SELECT coalesce(sum(n), 0) INTO promoted
+      FROM (SELECT count(*) AS n,
+                   pgqueue._note(queue, count(*), 'delayed', 'ready', mv.priority, min(mv.msg_id), max(mv.msg_id))
+              FROM moved mv GROUP BY mv.priority) p;
+    IF promoted < max_rows THEN
+        PERFORM pgqueue._due_after(queue, epoch,
+            (SELECT min(m.visible_at) FROM pgqueue.messages m
+              WHERE m.queue = queue AND m.state = 'delayed' AND m.visible_at > now()));
+    END IF;
     RETURN promoted;
 END
 $$;
 
+-- Claims start each priority's scan at its hint from the shared state (pgqueue._claim_start):
+-- the index entries below it belong to messages claimed, finished or moved since, which a
+-- pinned xmin horizon keeps in the index however long it lasts. Without hints (no shared
+-- memory, a queue not yet checked by the worker, or too many priorities) it scans from the
+-- start. With wait, an empty claim sleeps until a commit makes messages of the queue
+-- claimable, or until wait has passed.
 CREATE FUNCTION pgqueue.pgq_claim(
     queue text,
     qty integer DEFAULT 1,
     lease interval DEFAULT NULL,
     consumer text DEFAULT NULL,
-    session_bound boolean DEFAULT false
+    session_bound boolean DEFAULT false,
+    wait interval DEFAULT '0'
 ) RETURNS TABLE (
     msg_id bigint,
     claim_token uuid,
@@ -47,6 +68,11 @@ DECLARE
     granted interval;
     bound_pid integer;
     bound_start timestamptz;
+    s record;
+    deadline timestamptz;
+    i integer;
+    got bigint;
+    n bigint;
 BEGIN
     -- The checks call their helpers (which raise) only when something is wrong: the claim is
     -- the hottest path, and a function call per check costs more than the claim's own query.
@@ -68,27 +94,78 @@ BEGIN
         bound_pid := pg_backend_pid();
         SELECT a.backend_start INTO bound_start FROM pg_stat_get_activity(bound_pid) a;
     END IF;
-    IF q.paused THEN
-        RETURN;
+    IF pgq_claim.wait IS DISTINCT FROM interval '0' THEN
+        PERFORM pgqueue._check_wait(pgq_claim.wait);
     END IF;
-    PERFORM pgqueue._promote_due(q.queue, 1000);
-    RETURN QUERY
-    WITH picked AS (
-        SELECT m.msg_id FROM pgqueue.messages m
-         WHERE m.queue = q.queue AND m.state = 'ready'
-         ORDER BY m.priority DESC, m.msg_id
-         LIMIT pgq_claim.qty
-           FOR UPDATE SKIP LOCKED
-    ), claimed AS (
-        UPDATE pgqueue.messages m
-           SET state = 'claimed', claim_token = gen_random_uuid(), attempt = m.attempt + 1,
-               claimed_at = now(), lease_expires_at = now() + granted, consumer = pgq_claim.consumer,
-               session_pid = bound_pid, session_started = bound_start
-          FROM picked WHERE m.msg_id = picked.msg_id
-        RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
-                  m.enqueued_at, m.lease_expires_at
-    )
-    SELECT * FROM claimed c ORDER BY c.priority DESC, c.msg_id;
+    deadline := clock_timestamp() + pgq_claim.wait;
+    LOOP
+        -- Read before the claim's snapshot: what it reports is what this attempt can see.
+        SELECT * INTO s FROM pgqueue._claim_start(q.queue);
+        got := 0;
+        IF NOT q.paused THEN
+            IF s.promote AND pgqueue._promote_due(q.queue, 1000) > 0 THEN
+                SELECT * INTO s FROM pgqueue._claim_start(q.queue);
+            END IF;
+            IF s.priorities IS NULL THEN
+                RETURN QUERY
+                WITH picked AS (
+                    SELECT m.msg_id FROM pgqueue.messages m
+                     WHERE m.queue = q.queue AND m.state = 'ready'
+                     ORDER BY m.priority DESC, m.msg_id
+                     LIMIT pgq_claim.qty
+                       FOR UPDATE SKIP LOCKED
+                ), claimed AS (
+                    UPDATE pgqueue.messages m
+                       SET state = 'claimed', claim_token = gen_random_uuid(), attempt = m.attempt + 1,
+                           claimed_at = now(), lease_expires_at = now() + granted, consumer = pgq_claim.consumer,
+                           session_pid = bound_pid, session_started = bound_start
+                      FROM picked WHERE m.msg_id = picked.msg_id
+                    RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
+                              m.enqueued_at, m.lease_expires_at
+                ), noted AS (
+                    SELECT pgqueue._claimed(q.queue, c.priority, NULL, min(c.msg_id), max(c.msg_id), count(*))
+                      FROM claimed c GROUP BY c.priority
+                )
+                SELECT c.* FROM claimed c, (SELECT count(*) FROM noted) k ORDER BY c.priority DESC, c.msg_id;
+                GET DIAGNOSTICS got = ROW_COUNT;
+            ELSE
+                FOR i IN 1 .. pg_catalog.cardinality(s.priorities) LOOP
+                    RETURN QUERY
+                    WITH picked AS (
+                        SELECT m.msg_id FROM pgqueue.messages m
+                         WHERE m.queue = q.queue AND m.state = 'ready'
+                           AND m.priority = s.priorities[i] AND m.msg_id >= s.starts[i]
+                         ORDER BY m.msg_id
+                         LIMIT pgq_claim.qty - got
+                           FOR UPDATE SKIP LOCKED
+                    ), claimed AS (
+                        UPDATE pgqueue.messages m
+                           SET state = 'claimed', claim_token = gen_random_uuid(), attempt = m.attempt + 1,
+                               claimed_at = now(), lease_expires_at = now() + granted, consumer = pgq_claim.consumer,
+                               session_pid = bound_pid, session_started = bound_start
+                          FROM picked WHERE m.msg_id = picked.msg_id
+                        RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
+                                  m.enqueued_at, m.lease_expires_at
+                    ), noted AS (
+                        SELECT pgqueue._claimed(q.queue, s.priorities[i], s.epoch, min(c.msg_id), max(c.msg_id), count(*))
+                          FROM claimed c
+                    )
+                    SELECT c.* FROM claimed c, noted ORDER BY c.msg_id;
+                    GET DIAGNOSTICS n = ROW_COUNT;
+                    got := got + n;
+                    EXIT WHEN got >= pgq_claim.qty;
+                END LOOP;
+            END IF;
+        END IF;
+        EXIT WHEN got > 0 OR clock_timestamp() >= deadline;
+        -- Nothing yet: sleep until a commit makes messages of this queue claimable (or the
+        -- queue is resumed), then try again; one last try at the deadline.
+        PERFORM pgqueue._wait(q.queue, s.seq, deadline);
+        SELECT * INTO q FROM pgqueue.queues qs WHERE qs.queue = pgq_claim.queue;
+        IF NOT FOUND THEN
+            q := pgqueue._queue(pgq_claim.queue);
+        END IF;
+    END LOOP;
 END
 $$;
 

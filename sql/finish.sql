@@ -1,5 +1,6 @@
 -- Finishing messages: ack (completed), nack (retry later or dead letter), fail (dead
--- letter now), plus re-arming expired claims and redriving dead letters.
+-- letter now), plus re-arming expired claims and redriving dead letters. Whatever becomes
+-- claimable again is announced to the shared state (pgqueue._note), applied at commit.
 
 -- Moves messages out of the hot table into their queue's history, as completed or dead, in
 -- one statement. With claim_tokens, only the claims still held under those tokens move (the
@@ -15,7 +16,8 @@ BEGIN
         DELETE FROM pgqueue.messages m
          USING unnest(msg_ids, claim_tokens) AS u(id, token)
          WHERE m.msg_id = u.id AND (claim_tokens IS NULL OR (m.claim_token = u.token AND m.state = 'claimed'))
-        RETURNING m.msg_id, m.queue, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at, m.last_error
+        RETURNING m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
+                  m.last_error
     ), kept AS (
         INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, headers,
                                      enqueued_at, last_error)
@@ -23,8 +25,10 @@ BEGIN
                g.enqueued_at, coalesce(error, g.last_error)
           FROM gone g
         RETURNING history.msg_id
+    ), noted AS (
+        SELECT pgqueue._note(g.queue, count(*), g.state, NULL) FROM gone g GROUP BY g.queue, g.state
     )
-    SELECT k.msg_id FROM kept k ORDER BY k.msg_id;
+    SELECT k.msg_id FROM kept k, (SELECT count(*) FROM noted) n ORDER BY k.msg_id;
 END
 $$;
 
@@ -67,7 +71,7 @@ BEGIN
     PERFORM pgqueue._require(msg_id, 'msg_id');
     PERFORM pgqueue._require(claim_token, 'claim_token');
     PERFORM pgqueue._check_delay(retry_in, 'retry_in');
-    SELECT m.msg_id, m.attempt, q.max_attempts INTO h
+    SELECT m.msg_id, m.queue, m.priority, m.attempt, q.max_attempts INTO h
       FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
      WHERE m.msg_id = msg_id AND m.claim_token = claim_token AND m.state = 'claimed'
        FOR UPDATE OF m;
@@ -85,6 +89,8 @@ BEGIN
            claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL, consumer = NULL,
            session_pid = NULL, session_started = NULL, last_error = coalesce(error, m.last_error)
      WHERE m.msg_id = h.msg_id;
+    PERFORM pgqueue._note(h.queue, 1, 'claimed', CASE WHEN wait > interval '0' THEN 'delayed' ELSE 'ready' END,
+                          h.priority, h.msg_id, h.msg_id, now() + wait);
     RETURN true;
 END
 $$;
@@ -135,11 +141,17 @@ BEGIN
              ORDER BY m.msg_id
              LIMIT max_rows
                FOR UPDATE OF m SKIP LOCKED) e;
-    UPDATE pgqueue.messages m
-       SET state = 'ready', claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL,
-           consumer = NULL, session_pid = NULL, session_started = NULL, last_error = 'lease expired'
-     WHERE m.msg_id = ANY (retry);
-    rearmed := cardinality(retry);
+    WITH back AS (
+        UPDATE pgqueue.messages m
+           SET state = 'ready', claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL,
+               consumer = NULL, session_pid = NULL, session_started = NULL, last_error = 'lease expired'
+         WHERE m.msg_id = ANY (retry)
+        RETURNING m.queue, m.priority, m.msg_id
+    )
+    SELECT coalesce(sum(n), 0) INTO rearmed
+      FROM (SELECT count(*) AS n, pgqueue._note(b.queue, count(*), 'claimed', 'ready', b.priority,
+                                                min(b.msg_id), max(b.msg_id))
+              FROM back b GROUP BY b.queue, b.priority) r;
     dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
         exhausted, NULL, 'dead', 'lease expired on the last attempt'));
     RETURN NEXT;
@@ -192,11 +204,17 @@ BEGIN
            AND (msg_ids IS NULL OR h.msg_id = ANY (msg_ids))
         RETURNING h.msg_id, h.priority, h.payload, h.headers, h.enqueued_at, h.last_error
     )
-    INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, enqueued_at, last_error)
-    OVERRIDING SYSTEM VALUE
-    SELECT b.msg_id, q.queue, 'ready', b.priority, b.payload, b.headers, b.enqueued_at, b.last_error
-      FROM back b;
-    GET DIAGNOSTICS moved = ROW_COUNT;
+    , again AS (
+        INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, enqueued_at, last_error)
+        OVERRIDING SYSTEM VALUE
+        SELECT b.msg_id, q.queue, 'ready', b.priority, b.payload, b.headers, b.enqueued_at, b.last_error
+          FROM back b
+        RETURNING messages.msg_id, messages.priority
+    )
+    SELECT coalesce(sum(n), 0) INTO moved
+      FROM (SELECT count(*) AS n, pgqueue._note(q.queue, count(*), 'history', 'ready', a.priority,
+                                                min(a.msg_id), max(a.msg_id))
+              FROM again a GROUP BY a.priority) r;
     RETURN moved;
 END
 $$;

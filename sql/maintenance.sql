@@ -31,6 +31,53 @@ BEGIN ATOMIC
     SELECT count(*) FROM expired;
 END;
 
+-- Step "reconcile" (src/reconcile.rs): for each priority the shared state lists, its lowest
+-- claimable msg_id; then, in the gaps between the listed priorities, any priority it does not
+-- list (a loose index scan: one probe per priority found); and the earliest due time.
+-- Rows with a NULL priority carry only the due time.
+CREATE FUNCTION pgqueue._claimable(queue text, priorities smallint[])
+RETURNS TABLE (priority smallint, msg_id bigint, due timestamptz)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    p smallint;
+    above integer := 1001;  -- priorities are between -1000 and 1000
+    below integer;
+    listed smallint[] := ARRAY(SELECT l FROM unnest(priorities) l ORDER BY l DESC);
+    i integer := 1;
+BEGIN
+    LOOP
+        below := CASE WHEN i <= cardinality(listed) THEN listed[i] ELSE -1001 END;
+        -- Unlisted priorities strictly between `above` and `below`, highest first.
+        LOOP
+            SELECT m.priority, m.msg_id INTO priority, msg_id FROM pgqueue.messages m
+             WHERE m.queue = queue AND m.state = 'ready' AND m.priority < above AND m.priority > below
+             ORDER BY m.priority DESC, m.msg_id LIMIT 1;
+            EXIT WHEN NOT FOUND;
+            due := NULL;
+            RETURN NEXT;
+            above := priority;
+        END LOOP;
+        EXIT WHEN i > cardinality(listed);
+        p := listed[i];
+        SELECT m.msg_id INTO msg_id FROM pgqueue.messages m
+         WHERE m.queue = queue AND m.state = 'ready' AND m.priority = p
+         ORDER BY m.msg_id LIMIT 1;
+        IF FOUND THEN
+            priority := p;
+            due := NULL;
+            RETURN NEXT;
+        END IF;
+        above := p;
+        i := i + 1;
+    END LOOP;
+    priority := NULL;
+    msg_id := NULL;
+    due := (SELECT min(m.visible_at) FROM pgqueue.messages m WHERE m.queue = queue AND m.state = 'delayed');
+    RETURN NEXT;
+END
+$$;
+
 -- Step "partitions": every queue's history has day partitions for today and the next two
 -- days. Creating one locks the queue's history briefly: only under prune_lock_timeout, and a
 -- lock not granted in time is retried next tick (rows meanwhile go to the default partition).
@@ -212,6 +259,7 @@ BEGIN ATOMIC
         orphan_failures = orphan_failures + coalesce((counts->>'orphan_failures')::bigint, 0),
         rearm_failures = rearm_failures + coalesce((counts->>'rearm_failures')::bigint, 0),
         partition_failures = partition_failures + coalesce((counts->>'partition_failures')::bigint, 0),
+        reconcile_failures = reconcile_failures + coalesce((counts->>'reconcile_failures')::bigint, 0),
         prune_failures = prune_failures + coalesce((counts->>'prune_failures')::bigint, 0),
         promoted = promoted + coalesce((counts->>'promoted')::bigint, 0),
         orphans_expired = orphans_expired + coalesce((counts->>'orphans_expired')::bigint, 0),
@@ -227,6 +275,7 @@ BEGIN ATOMIC
         prune_backed_off = prune_backed_off + coalesce((counts->>'prune_backed_off')::bigint, 0),
         prune_error = prune_error + coalesce((counts->>'prune_error')::bigint, 0),
         pruned_rows = pruned_rows + coalesce((counts->>'pruned_rows')::bigint, 0),
+        hint_corrections = hint_corrections + coalesce((counts->>'hint_corrections')::bigint, 0),
         last_error = coalesce(counts->>'error', last_error),
         last_error_at = CASE WHEN counts ? 'error' THEN now() ELSE last_error_at END;
 END;

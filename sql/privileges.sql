@@ -9,7 +9,7 @@ GRANT EXECUTE ON FUNCTION
 TO pgqueue_producer;
 
 GRANT EXECUTE ON FUNCTION
-    pgqueue.pgq_claim(text, integer, interval, text, boolean),
+    pgqueue.pgq_claim(text, integer, interval, text, boolean, interval),
     pgqueue.pgq_renew(bigint, uuid, interval),
     pgqueue.pgq_renew(bigint[], uuid[], interval),
     pgqueue.pgq_ack(bigint, uuid),
@@ -29,6 +29,8 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_prune(text),
     pgqueue.pgq_tick()
 TO pgqueue_admin;
-GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats TO pgqueue_admin, pg_monitor;
+GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats, pgqueue.queue_depth, pgqueue.shared_state
+    TO pgqueue_admin, pg_monitor;
+GRANT EXECUTE ON FUNCTION pgqueue._queue_depth(), pgqueue._shared_state() TO pgqueue_admin, pg_monitor;
 
 GRANT EXECUTE ON FUNCTION pgqueue.pgq_version() TO PUBLIC;

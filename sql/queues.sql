@@ -87,6 +87,8 @@ BEGIN
         END IF;
         RAISE EXCEPTION 'pgqueue: queue "%" already exists', queue USING ERRCODE = 'duplicate_object';
     END IF;
+    -- Shared state left by an earlier queue of that name is forgotten at commit.
+    PERFORM pgqueue._reset_queue(queue);
 
     -- Built apart and attached last: attaching locks pgqueue.history only in SHARE UPDATE
     -- EXCLUSIVE mode, so other queues' acks are not held up.
@@ -130,6 +132,7 @@ BEGIN
     END IF;
     DELETE FROM pgqueue.messages m WHERE m.queue = pgq_drop_queue.queue;
     DELETE FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue;
+    PERFORM pgqueue._reset_queue(queue);  -- at commit; its waiting claims then find it gone
     -- Dropping a partition locks pgqueue.history exclusively: wait for that at most
     -- lock_timeout (5 s, this function's setting), then fail with 55P03 and change nothing.
     EXECUTE pg_catalog.format('DROP TABLE pgqueue.%I', pgqueue._history_table(queue));
@@ -142,6 +145,9 @@ LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pgqueue._queue(queue);
     UPDATE pgqueue.queues q SET paused = _set_paused.paused WHERE q.queue = _set_paused.queue;
+    IF NOT paused THEN
+        PERFORM pgqueue._wake_queue(queue);  -- waiting claims look again at commit
+    END IF;
 END
 $$;
 

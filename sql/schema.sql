@@ -130,6 +130,8 @@ CREATE TABLE pgqueue.worker_state (
     prune_error          bigint NOT NULL DEFAULT 0,
     pruned_rows          bigint NOT NULL DEFAULT 0,
     last_error           text,
-    last_error_at        timestamptz
+    last_error_at        timestamptz,
+    reconcile_failures   bigint NOT NULL DEFAULT 0,
+    hint_corrections     bigint NOT NULL DEFAULT 0  -- claim hints the tick found too high
 );
 INSERT INTO pgqueue.worker_state DEFAULT VALUES;

@@ -1,4 +1,5 @@
--- Producers: enqueue one message or many. Messages are visible at commit (plus delay).
+-- Producers: enqueue one message or many. Messages are visible at commit (plus delay);
+-- pgqueue._note tells the shared state at commit (claim hints, waiting claims, depths).
 
 CREATE FUNCTION pgqueue.pgq_send_batch(
     queue text,
@@ -22,11 +23,18 @@ BEGIN
     END IF;
     due := CASE WHEN delay > interval '0' THEN now() + delay END;
     RETURN QUERY
-    INSERT INTO pgqueue.messages (queue, state, priority, payload, headers, visible_at)
-    SELECT q.queue, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END, priority, p, headers, due
-      FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS u(p, n)
-     ORDER BY u.n
-    RETURNING msg_id;
+    WITH sent AS (
+        INSERT INTO pgqueue.messages (queue, state, priority, payload, headers, visible_at)
+        SELECT q.queue, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END, priority, p, headers, due
+          FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS u(p, n)
+         ORDER BY u.n
+        RETURNING messages.msg_id
+    ), noted AS (
+        SELECT pgqueue._note(q.queue, count(*), NULL, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END,
+                             priority, min(s.msg_id), max(s.msg_id), due)
+          FROM sent s
+    )
+    SELECT s.msg_id FROM sent s, noted ORDER BY s.msg_id;
 END
 $$;
 
@@ -51,6 +59,8 @@ BEGIN
     INSERT INTO pgqueue.messages (queue, state, priority, payload, headers, visible_at)
     VALUES (q.queue, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END, priority, payload, headers, due)
     RETURNING msg_id INTO id;
+    PERFORM pgqueue._note(q.queue, 1, NULL, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END,
+                          priority, id, id, due);
     RETURN id;
 END
 $$;

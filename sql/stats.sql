@@ -31,5 +31,36 @@ SELECT current_database() AS database,
        w.promoted, w.orphans_expired, w.rearmed, w.dead_lettered, w.rescue_batches, w.rescue_rows,
        w.partitions_created, w.prune_pruned, w.prune_noop, w.prune_blocked,
        w.prune_skipped_active, w.prune_backed_off, w.prune_error, w.pruned_rows,
-       w.last_error, w.last_error_at
+       w.last_error, w.last_error_at, w.reconcile_failures, w.hint_corrections
   FROM pgqueue.worker_state w;
+
+-- A queue's exact depth by state (what the tick recounts the shared depths from).
+CREATE FUNCTION pgqueue._depth(queue text, OUT ready bigint, OUT delayed bigint, OUT claimed bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT count(*) FILTER (WHERE m.state = 'ready'),
+           count(*) FILTER (WHERE m.state = 'delayed'),
+           count(*) FILTER (WHERE m.state = 'claimed')
+      FROM pgqueue.messages m WHERE m.queue = _depth.queue;
+END;
+
+-- Depths without counting: read from the shared state, O(number of queues), for monitoring
+-- that scrapes often. Approximate: moved at every commit, recounted by the worker every
+-- pgqueue.prune_interval; NULL where unknown (tracked false: not in shared memory — library
+-- not preloaded, pgqueue.max_queues reached — or not yet checked by the worker).
+-- pgqueue.queue_stats is the exact count.
+CREATE VIEW pgqueue.queue_depth AS
+SELECT q.queue,
+       coalesce(s.tracked, false) AS tracked,
+       s.ready, s.delayed, s.claimed,
+       coalesce(s.waiting_claims, 0) AS waiting_claims,
+       coalesce(s.wakeups, 0) AS wakeups,
+       coalesce(s.hint_corrections, 0) AS hint_corrections
+  FROM pgqueue.queues q
+  LEFT JOIN pgqueue._queue_depth() s ON s.queue = q.queue;
+
+-- The shared state's use, for the whole server: max_queues (pgqueue.max_queues), queues
+-- tracked now, and how many times a queue found it full (its claims then scan from the
+-- start and its waiting claims poll: raise pgqueue.max_queues). No row when the library is
+-- not preloaded.
+CREATE VIEW pgqueue.shared_state AS SELECT * FROM pgqueue._shared_state();

@@ -14,6 +14,7 @@ pub static RESCUE_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(500);
 pub static RESCUE_PASS_BUDGET_MS: GucSetting<i32> = GucSetting::<i32>::new(500);
 pub static RESCUE_PASS_MAX_ROWS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 pub static PRUNE_LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10);
+pub static MAX_QUEUES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
 fn int(
@@ -29,7 +30,7 @@ fn int(
 }
 
 pub fn init() {
-    use GucContext::{Sighup, Suset, Userset};
+    use GucContext::{Postmaster, Sighup, Suset, Userset};
     int(
         c"pgqueue.tick_interval",
         c"Time between two ticks of the pgqueue background worker.",
@@ -92,6 +93,15 @@ pub fn init() {
         (1, i32::MAX),
         Suset,
         GucFlags::UNIT_BYTE,
+    );
+    int(
+        c"pgqueue.max_queues",
+        c"Queues whose claim hints and waiting claims pgqueue keeps in shared memory.",
+        c"Queues beyond it (across all databases) work without them: claims scan from the start and waiting claims poll.",
+        &MAX_QUEUES,
+        (16, 1_000_000),
+        Postmaster,
+        GucFlags::default(),
     );
     GucRegistry::define_bool_guc(
         c"pgqueue.enabled",

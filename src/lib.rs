@@ -1,13 +1,21 @@
 //! pgqueue: a job queue inside PostgreSQL.
 //!
 //! Layout: one module per concern. `schema` owns every table and index (from `sql/`),
-//! `guc` every setting, `worker` the background worker that looks after the queues.
+//! `guc` every setting, `worker` the background worker that looks after the queues and
+//! `tick` what it does. The shared-memory core: `queue_state` (per-queue hints, due times,
+//! depths and wake-ups), `pending` (what a transaction changes there at commit or abort),
+//! `claim` and `wait` (the claim's side of it), `reconcile` (the tick's check of it).
 
 use pgrx::prelude::*;
 
+mod claim;
 mod guc;
+mod pending;
+mod queue_state;
+mod reconcile;
 mod schema;
 mod tick;
+mod wait;
 mod worker;
 
 ::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.2.0");
@@ -16,12 +24,14 @@ mod worker;
 #[allow(non_snake_case)]
 pub extern "C-unwind" fn _PG_init() {
     guc::init();
+    pending::init();
     // SAFETY: plain reads of postmaster globals during library load.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     let binary_upgrade = unsafe { pg_sys::IsBinaryUpgrade };
     // Loaded into a single session (no preload): the SQL API works, but a worker can only
     // be registered while the postmaster loads `shared_preload_libraries`.
     if preloading && !binary_upgrade {
+        queue_state::init();
         worker::register();
     }
 }

@@ -9,5 +9,9 @@ pgrx::extension_sql_file!("../sql/send.sql", name = "send", requires = ["queues"
 pgrx::extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["send"]);
 pgrx::extension_sql_file!("../sql/finish.sql", name = "finish", requires = ["claim"]);
 pgrx::extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["finish"]);
-pgrx::extension_sql_file!("../sql/stats.sql", name = "stats", requires = ["maintenance"]);
+pgrx::extension_sql_file!(
+    "../sql/stats.sql",
+    name = "stats",
+    requires = ["maintenance", reconcile::_queue_depth, queue_state::_shared_state]
+);
 pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);

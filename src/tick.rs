@@ -61,8 +61,16 @@ pub fn run(bracket: Bracket, plan: Plan, cursor: &mut i64) -> Outcome {
         }
     }
     rescue(bracket, &mut out, cursor);
+    let prune_now = plan.all_steps && prune_due(bracket, &mut out);
+    if plan.all_steps {
+        // After promote and re-arm, whose commits it then finds announced already. Depths
+        // are recounted at the prune cadence (they cost a count of the queue).
+        if let Some(n) = step(bracket, &mut out, "reconcile", || crate::reconcile::run(prune_now)) {
+            out.add("hint_corrections", n);
+        }
+    }
     let mut pruned = false;
-    if plan.all_steps && prune_due(bracket, &mut out) {
+    if prune_now {
         if let Some(n) = step(bracket, &mut out, "partition", || one("SELECT pgqueue._maintain_partitions()")) {
             out.add("partitions_created", n);
         }

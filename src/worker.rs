@@ -53,8 +53,10 @@ pub extern "C-unwind" fn pgqueue_launcher_main(_arg: pg_sys::Datum) {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
         let naptime = guc::launcher_naptime();
-        let wanted: Vec<(u32, String)> =
-            databases().into_iter().filter(|(_, name)| guc::database_wanted(name)).collect();
+        let all = databases();
+        // Shared queue state of dropped databases would otherwise stay until a restart.
+        crate::queue_state::forget_databases_except(&all.iter().map(|(oid, _)| *oid).collect::<Vec<_>>());
+        let wanted: Vec<(u32, String)> = all.into_iter().filter(|(_, name)| guc::database_wanted(name)).collect();
         // Forget workers that have exited; stop those whose database is no longer wanted.
         workers.retain(|_, (worker, _)| matches!(worker.pid(), Ok(_) | Err(BackgroundWorkerStatus::NotYetStarted)));
         let unwanted: Vec<u32> = workers.keys().filter(|oid| !wanted.iter().any(|(o, _)| o == *oid)).copied().collect();

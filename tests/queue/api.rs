@@ -389,8 +389,10 @@ fn nack_retries_then_dead_letters() {
     assert_eq!(row.get::<_, String>(0), "delayed");
     assert!(row.get::<_, bool>(1), "second attempt backs off ~2 s");
     assert_eq!(row.get::<_, String>(2), "boom", "the last error is kept");
-    // Make it due now, claim the last attempt, nack: dead letter.
+    // Make it due now, claim the last attempt, nack: dead letter. The UPDATE goes around the
+    // API, so the queue's shared state learns it at the next tick (the worker is off here).
     c.execute("UPDATE pgqueue.messages SET visible_at = now() WHERE msg_id = $1", &[&id]).unwrap();
+    c.execute("SELECT pgqueue.pgq_tick()", &[]).unwrap();
     let (_, token, attempt) = claim(&mut c, &q, 1)[0];
     assert_eq!(attempt, 3);
     c.execute("SELECT pgqueue.pgq_nack($1, $2, error => 'final')", &[&id, &token]).unwrap();

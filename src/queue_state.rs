@@ -1,0 +1,545 @@
+//! Per-queue state in shared memory, outside MVCC: where each priority's claimable messages
+//! start (claim hints), when the next delayed message may fall due, approximate depths, and
+//! the condition variable waiting claims sleep on.
+//!
+//! Everything here is a hint. A hint may be too low (a claim then walks a few more index
+//! entries) but must never be above a claimable message: anything that makes a message
+//! claimable lowers it at commit (`pending.rs`), claims raise it only if nothing was lowered
+//! meanwhile (the entry's epoch), and the worker's tick checks every hint against the table
+//! (`validate`). Without it (library not preloaded, table full, after a restart) claims scan
+//! from the start as they always did: slower under a pinned horizon, never wrong.
+
+use crate::guc;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::ptr::null_mut;
+
+/// Queue names are at most 40 bytes (`pgqueue._check_queue_name`).
+const NAME_LEN: usize = 44;
+/// Distinct priorities tracked per queue; a queue using more falls back to full scans.
+pub const PRIORITIES: usize = 8;
+/// `next_due` when nobody knows: claims promote until a promotion finds the next due time.
+pub const DUE_UNKNOWN: i64 = i64::MIN;
+/// `next_due` when the queue has no delayed message.
+pub const DUE_NEVER: i64 = i64::MAX;
+
+/// Depth counters, by message state.
+#[derive(Clone, Copy)]
+pub enum State {
+    Ready = 0,
+    Delayed = 1,
+    Claimed = 2,
+}
+
+impl State {
+    pub fn parse(state: &str) -> Option<State> {
+        match state {
+            "ready" => Some(State::Ready),
+            "delayed" => Some(State::Delayed),
+            "claimed" => Some(State::Claimed),
+            _ => None,
+        }
+    }
+}
+
+/// A queue of one database. Zero-padded, so the bytes hash and compare as the key.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    db: pg_sys::Oid,
+    name: [u8; NAME_LEN],
+}
+
+impl Key {
+    pub fn new(queue: &str) -> Option<Key> {
+        let bytes = queue.as_bytes();
+        let mut name = [0u8; NAME_LEN];
+        name.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        // SAFETY: a plain read of this backend's database.
+        Some(Key { db: unsafe { pg_sys::MyDatabaseId }, name })
+    }
+
+    pub fn queue(&self) -> String {
+        let end = self.name.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
+        String::from_utf8_lossy(&self.name[..end]).into_owned()
+    }
+}
+
+/// One queue's state. Lives in the shared hash table; changed only under the table's lock.
+#[repr(C)]
+pub struct Entry {
+    key: Key,
+    /// Waiting claims sleep here.
+    cv: pg_sys::ConditionVariable,
+    /// Sleepers on `cv`: an entry with sleepers is never removed (they hold its address).
+    waiters: u32,
+    /// `prio`/`hint` were checked against the table at least once.
+    known: bool,
+    /// More priorities than `PRIORITIES`: claims on this queue scan from the start.
+    overflow: bool,
+    nprio: u8,
+    /// Priorities with claimable messages, highest first, and for each a msg_id below which
+    /// none of its messages is claimable.
+    prio: [i16; PRIORITIES],
+    hint: [i64; PRIORITIES],
+    /// Bumped by every lowering: a claim raises a hint only if the epoch it started from is
+    /// still current, so a lowering never gets lost between a claim's scan and its raise.
+    epoch: u64,
+    /// Commits that made messages ready, counted at pre-commit, and the highest msg_id they
+    /// made ready: a send is "in order" (needs no lowering) only if no other such commit
+    /// overlapped it and none before it had a higher id (see `pending.rs`).
+    ready_commits: u64,
+    max_ready_id: i64,
+    /// No delayed message falls due before this (microseconds since 2000, like TimestampTz).
+    next_due: i64,
+    /// Bumped whenever messages become claimable: a waiting claim goes back to claim when it
+    /// changed since it last looked.
+    wake_seq: u64,
+    /// Approximate depth by state (see `State`); meaningful once `depth_known`.
+    depth: [i64; 3],
+    depth_known: bool,
+    /// Waiting claims woken by a signal; hints the tick found too high (missed events).
+    wakeups: i64,
+    corrections: i64,
+}
+
+#[repr(C)]
+struct Header {
+    lock: *mut pg_sys::LWLock,
+    capacity: i64,
+    entries: i64,
+    /// Queues that found the table full (they use the fallback path).
+    untracked: i64,
+}
+
+static mut HEADER: *mut Header = null_mut();
+static mut TABLE: *mut pg_sys::HTAB = null_mut();
+static mut PREVIOUS_REQUEST: pg_sys::shmem_request_hook_type = None;
+static mut PREVIOUS_STARTUP: pg_sys::shmem_startup_hook_type = None;
+
+/// Asks for the shared memory at preload time (`_PG_init`).
+pub fn init() {
+    // SAFETY: hook chaining while the postmaster loads shared_preload_libraries.
+    unsafe {
+        PREVIOUS_REQUEST = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(request);
+        PREVIOUS_STARTUP = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(startup);
+    }
+}
+
+fn capacity() -> i64 {
+    i64::from(guc::MAX_QUEUES.get())
+}
+
+fn size() -> usize {
+    // SAFETY: pure size arithmetic.
+    let table = unsafe { pg_sys::hash_estimate_size(capacity() as _, size_of::<Entry>()) };
+    size_of::<Header>().next_multiple_of(16) + table
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn request() {
+    // SAFETY: called by the postmaster in its shmem request phase.
+    unsafe {
+        if let Some(previous) = PREVIOUS_REQUEST {
+            previous();
+        }
+        pg_sys::RequestAddinShmemSpace(size());
+        pg_sys::RequestNamedLWLockTranche(c"pgqueue".as_ptr(), 1);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn startup() {
+    // SAFETY: the standard shared memory initialisation, under AddinShmemInitLock.
+    unsafe {
+        if let Some(previous) = PREVIOUS_STARTUP {
+            previous();
+        }
+        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
+        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let header =
+            pg_sys::ShmemInitStruct(c"pgqueue queue state".as_ptr(), size_of::<Header>(), &mut found) as *mut Header;
+        if !found {
+            header.write(Header {
+                lock: &raw mut (*pg_sys::GetNamedLWLockTranche(c"pgqueue".as_ptr())).lock,
+                capacity: capacity(),
+                entries: 0,
+                untracked: 0,
+            });
+        }
+        let mut info: pg_sys::HASHCTL = std::mem::zeroed();
+        info.keysize = size_of::<Key>();
+        info.entrysize = size_of::<Entry>();
+        let n = (*header).capacity as std::ffi::c_long;
+        TABLE = pg_sys::ShmemInitHash(
+            c"pgqueue queues".as_ptr(),
+            n,
+            n,
+            &mut info,
+            (pg_sys::HASH_ELEM | pg_sys::HASH_BLOBS) as i32,
+        );
+        HEADER = header;
+        pg_sys::LWLockRelease(init_lock);
+    }
+}
+
+/// Whether this server has the shared state (the library was preloaded).
+pub fn available() -> bool {
+    // SAFETY: set once by the postmaster before any backend starts.
+    unsafe { !HEADER.is_null() }
+}
+
+/// The table under its lock. Callers never raise an error while holding it (an error would
+/// release it anyway: AbortTransaction releases every LWLock).
+pub struct Locked {
+    _private: (),
+}
+
+/// Runs `f` under the table's lock; None without shared memory.
+pub fn with_lock<R>(exclusive: bool, f: impl FnOnce(&mut Locked) -> R) -> Option<R> {
+    if !available() {
+        return None;
+    }
+    let mode = if exclusive { pg_sys::LWLockMode::LW_EXCLUSIVE } else { pg_sys::LWLockMode::LW_SHARED };
+    // SAFETY: HEADER is valid once available(); the lock is released on every path below.
+    unsafe {
+        pg_sys::LWLockAcquire((*HEADER).lock, mode);
+        let result = f(&mut Locked { _private: () });
+        pg_sys::LWLockRelease((*HEADER).lock);
+        Some(result)
+    }
+}
+
+impl Locked {
+    /// The entry of `key`; with `create`, made if missing and the table has room.
+    pub fn entry(&mut self, key: &Key, create: bool) -> Option<&mut Entry> {
+        // SAFETY: the table is only searched under its lock (held: &mut self); entries stay
+        // where they are until removed, which needs the exclusive lock.
+        unsafe {
+            let mut found = false;
+            let found_entry = pg_sys::hash_search(
+                TABLE,
+                key as *const Key as *const c_void,
+                pg_sys::HASHACTION::HASH_FIND,
+                &mut found,
+            ) as *mut Entry;
+            if !found_entry.is_null() {
+                return Some(&mut *found_entry);
+            }
+            if !create {
+                return None;
+            }
+            if (*HEADER).entries >= (*HEADER).capacity {
+                (*HEADER).untracked += 1;
+                return None;
+            }
+            let entry = pg_sys::hash_search(
+                TABLE,
+                key as *const Key as *const c_void,
+                pg_sys::HASHACTION::HASH_ENTER_NULL,
+                &mut found,
+            ) as *mut Entry;
+            if entry.is_null() {
+                (*HEADER).untracked += 1;
+                return None;
+            }
+            (*HEADER).entries += 1;
+            // The key is already set; everything else starts unknown.
+            let entry = &mut *entry;
+            pg_sys::ConditionVariableInit(&mut entry.cv);
+            entry.waiters = 0;
+            entry.wakeups = 0;
+            entry.corrections = 0;
+            entry.wake_seq = 0;
+            entry.epoch = 0;
+            entry.reset();
+            Some(entry)
+        }
+    }
+
+    /// Removes `key`'s entry unless a waiting claim sleeps on it (then it is only reset).
+    pub fn remove(&mut self, key: &Key) {
+        let Some(entry) = self.entry(key, false) else { return };
+        if entry.waiters > 0 {
+            entry.reset();
+            entry.wake_all();
+            return;
+        }
+        // SAFETY: under the exclusive lock; nobody holds the entry's address (no sleepers).
+        unsafe {
+            let mut found = false;
+            pg_sys::hash_search(TABLE, key as *const Key as *const c_void, pg_sys::HASHACTION::HASH_REMOVE, &mut found);
+            if found {
+                (*HEADER).entries -= 1;
+            }
+        }
+    }
+
+    /// Every entry (of every database).
+    pub fn entries(&mut self) -> Vec<*mut Entry> {
+        let mut all = vec![];
+        // SAFETY: a full scan under the lock, run to its end.
+        unsafe {
+            let mut status: pg_sys::HASH_SEQ_STATUS = std::mem::zeroed();
+            pg_sys::hash_seq_init(&mut status, TABLE);
+            loop {
+                let entry = pg_sys::hash_seq_search(&mut status) as *mut Entry;
+                if entry.is_null() {
+                    break;
+                }
+                all.push(entry);
+            }
+        }
+        all
+    }
+
+    /// (capacity, queues tracked, times a queue found the table full).
+    pub fn usage(&self) -> (i64, i64, i64) {
+        // SAFETY: under the lock.
+        unsafe { ((*HEADER).capacity, (*HEADER).entries, (*HEADER).untracked) }
+    }
+}
+
+impl Entry {
+    pub fn key(&self) -> Key {
+        self.key
+    }
+
+    /// Back to "nothing known" (a new or dropped queue, or a validation that must start over).
+    fn reset(&mut self) {
+        self.known = false;
+        self.overflow = false;
+        self.nprio = 0;
+        self.prio = [0; PRIORITIES];
+        self.hint = [i64::MAX; PRIORITIES];
+        self.ready_commits = 0;
+        self.max_ready_id = 0;
+        self.next_due = DUE_UNKNOWN;
+        self.depth = [0; 3];
+        self.depth_known = false;
+        self.epoch += 1;
+    }
+
+    /// (priorities, hints) when claims may use them; None: scan from the start.
+    pub fn hints(&self) -> Option<(Vec<i16>, Vec<i64>)> {
+        if !self.known || self.overflow {
+            return None;
+        }
+        let n = usize::from(self.nprio);
+        Some((self.prio[..n].to_vec(), self.hint[..n].to_vec()))
+    }
+
+    /// Every tracked priority and its hint, known or not (for the tick's check).
+    pub fn listed(&self) -> (Vec<i16>, Vec<i64>) {
+        let n = usize::from(self.nprio);
+        (self.prio[..n].to_vec(), self.hint[..n].to_vec())
+    }
+
+    pub fn tracks(&self, priority: i16) -> bool {
+        self.prio[..usize::from(self.nprio)].contains(&priority)
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn wake_seq(&self) -> u64 {
+        self.wake_seq
+    }
+
+    pub fn waiters(&self) -> u32 {
+        self.waiters
+    }
+
+    pub fn next_due(&self) -> i64 {
+        self.next_due
+    }
+
+    /// Lowers `priority`'s hint to `msg_id` (adding the priority if it is new). Returns
+    /// whether anything changed; a change bumps the epoch.
+    pub fn lower(&mut self, priority: i16, msg_id: i64) -> bool {
+        let n = usize::from(self.nprio);
+        let changed = match self.prio[..n].iter().position(|&p| p == priority) {
+            Some(i) if self.hint[i] > msg_id => {
+                self.hint[i] = msg_id;
+                true
+            }
+            Some(_) => false,
+            None if n < PRIORITIES => {
+                let at = self.prio[..n].iter().position(|&p| p < priority).unwrap_or(n);
+                self.prio.copy_within(at..n, at + 1);
+                self.hint.copy_within(at..n, at + 1);
+                self.prio[at] = priority;
+                self.hint[at] = msg_id;
+                self.nprio += 1;
+                true
+            }
+            None => {
+                self.overflow = true;
+                true
+            }
+        };
+        if changed {
+            self.epoch += 1;
+        }
+        changed
+    }
+
+    /// Lowers without bumping the epoch: for rows only this transaction can see yet (the
+    /// lowering at its commit is the one others rely on).
+    pub fn lower_for_self(&mut self, priority: i16, msg_id: i64) {
+        let epoch = self.epoch;
+        self.lower(priority, msg_id);
+        self.epoch = epoch;
+    }
+
+    /// Raises `priority`'s hint to `msg_id` if no lowering happened since `epoch`.
+    pub fn raise(&mut self, priority: i16, epoch: u64, msg_id: i64) {
+        if self.epoch != epoch || !self.known {
+            return;
+        }
+        let n = usize::from(self.nprio);
+        if let Some(i) = self.prio[..n].iter().position(|&p| p == priority)
+            && self.hint[i] < msg_id
+        {
+            self.hint[i] = msg_id;
+        }
+    }
+
+    /// Counts a commit that makes messages up to `high` ready; returns (its sequence number,
+    /// the highest id made ready before it).
+    pub fn precommit_ready(&mut self, high: i64) -> (u64, i64) {
+        let before = self.max_ready_id;
+        self.ready_commits += 1;
+        self.max_ready_id = self.max_ready_id.max(high);
+        (self.ready_commits, before)
+    }
+
+    pub fn ready_commits(&self) -> u64 {
+        self.ready_commits
+    }
+
+    pub fn lower_due(&mut self, due: i64) {
+        if due < self.next_due {
+            self.next_due = due;
+            self.epoch += 1;
+        }
+    }
+
+    /// The next due time found by a promotion that started at `epoch`.
+    pub fn raise_due(&mut self, epoch: u64, due: i64) -> bool {
+        if self.epoch != epoch || due <= self.next_due {
+            return false;
+        }
+        self.next_due = due;
+        true
+    }
+
+    pub fn forget_due(&mut self) {
+        self.next_due = DUE_UNKNOWN;
+    }
+
+    pub fn add_depth(&mut self, delta: &[i64; 3]) {
+        for (d, n) in self.depth.iter_mut().zip(delta) {
+            *d += n;
+        }
+    }
+
+    pub fn set_depth(&mut self, depth: [i64; 3]) {
+        self.depth = depth;
+        self.depth_known = true;
+    }
+
+    /// (ready, delayed, claimed) when known, never negative.
+    pub fn depth(&self) -> Option<[i64; 3]> {
+        self.depth_known.then(|| self.depth.map(|d| d.max(0)))
+    }
+
+    pub fn mark_known(&mut self) {
+        self.known = true;
+    }
+
+    pub fn is_known(&self) -> bool {
+        self.known
+    }
+
+    pub fn counters(&self) -> (i64, i64) {
+        (self.wakeups, self.corrections)
+    }
+
+    pub fn add_correction(&mut self) {
+        self.corrections += 1;
+    }
+
+    /// Messages became claimable: wake up to `n` sleeping claims (each may take them).
+    pub fn wake(&mut self, n: i64) {
+        self.wake_seq += 1;
+        let woken = n.min(i64::from(self.waiters));
+        for _ in 0..woken {
+            // SAFETY: cv was initialised with the entry; signalling under our LWLock is allowed.
+            unsafe { pg_sys::ConditionVariableSignal(&mut self.cv) };
+        }
+        self.wakeups += woken.max(0);
+    }
+
+    /// Wakes one sleeper without announcing anything new: it claims only if something was
+    /// announced since it last looked (a signal its first receiver could not use).
+    pub fn pass_on(&mut self) {
+        if self.waiters > 0 {
+            // SAFETY: as in `wake`.
+            unsafe { pg_sys::ConditionVariableSignal(&mut self.cv) };
+        }
+    }
+
+    /// Every sleeping claim looks again (resume, drop).
+    pub fn wake_all(&mut self) {
+        self.wake_seq += 1;
+        if self.waiters > 0 {
+            self.wakeups += i64::from(self.waiters);
+            // SAFETY: as in `wake`.
+            unsafe { pg_sys::ConditionVariableBroadcast(&mut self.cv) };
+        }
+    }
+
+    pub fn add_waiter(&mut self) -> *mut pg_sys::ConditionVariable {
+        self.waiters += 1;
+        &mut self.cv
+    }
+
+    pub fn remove_waiter(&mut self) {
+        self.waiters = self.waiters.saturating_sub(1);
+    }
+
+    pub fn db(&self) -> pg_sys::Oid {
+        self.key.db
+    }
+}
+
+/// Forgets the queues of databases that no longer exist (run by the launcher).
+pub fn forget_databases_except(databases: &[u32]) {
+    with_lock(true, |table| {
+        for entry in table.entries() {
+            // SAFETY: entries returned by the scan, under the exclusive lock.
+            let key = unsafe { (*entry).key };
+            if !databases.contains(&key.db.to_u32()) {
+                table.remove(&key);
+            }
+        }
+    });
+}
+
+/// The table's size and use, server-wide (for `pgqueue.shared_state`); no row without
+/// shared memory.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _shared_state() -> TableIterator<
+    'static,
+    (name!(max_queues, i64), name!(queues, i64), name!(queues_untracked, i64), name!(bytes_per_queue, i64)),
+> {
+    let usage = with_lock(false, |table| table.usage());
+    TableIterator::new(usage.map(|(cap, n, untracked)| (cap, n, untracked, size_of::<Entry>() as i64)))
+}

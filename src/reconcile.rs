@@ -1,0 +1,160 @@
+//! The tick's check of the shared state against the table (step "reconcile"): every hint of
+//! this database's queues is compared with the lowest claimable message of its priority, and
+//! lowered if it is above it; priorities nobody announced are added; the next due time is
+//! lowered to the earliest delayed message; entries of dropped queues are removed. A missed
+//! lowering (a prepared transaction, a change made outside the API, a bug) therefore delays
+//! a message by one tick at most. Approximate depths are recounted when asked.
+//! Also: the `pgqueue.queue_depth` view's numbers.
+
+use crate::queue_state::{self, Key};
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+struct Seen {
+    key: Key,
+    priorities: Vec<i16>,
+    waiters: u32,
+    depth_known: bool,
+}
+
+/// Runs the check; returns how many hints were found too high (each a missed lowering).
+pub fn run(recount: bool) -> i64 {
+    // SAFETY: a plain read of this backend's database.
+    let db = unsafe { pg_sys::MyDatabaseId };
+    let seen: Vec<Seen> = queue_state::with_lock(false, |table| {
+        table
+            .entries()
+            .into_iter()
+            // SAFETY: entries from the scan, read under the lock.
+            .map(|e| unsafe { &*e })
+            .filter(|e| e.db() == db)
+            .map(|e| Seen {
+                key: e.key(),
+                priorities: e.listed().0,
+                waiters: e.waiters(),
+                depth_known: e.depth().is_some(),
+            })
+            .collect()
+    })
+    .unwrap_or_default();
+    if seen.is_empty() {
+        return 0;
+    }
+    let queues: Vec<String> =
+        Spi::get_one::<Vec<String>>("SELECT coalesce(array_agg(queue), '{}') FROM pgqueue.queues")
+            .unwrap_or_else(|e| error!("{e}"))
+            .unwrap_or_default();
+    let mut corrections = 0;
+    for s in seen {
+        let queue = s.key.queue();
+        if !queues.contains(&queue) {
+            queue_state::with_lock(true, |table| table.remove(&s.key));
+            continue;
+        }
+        let found = claimable(&queue, &s.priorities);
+        let depth = (recount || !s.depth_known).then(|| depth(&queue));
+        queue_state::with_lock(true, |table| {
+            let Some(entry) = table.entry(&s.key, false) else { return };
+            let known = entry.is_known();
+            let mut lowered = false;
+            let mut any = false;
+            for &(priority, msg_id, due) in &found {
+                if let (Some(priority), Some(msg_id)) = (priority, msg_id) {
+                    any = true;
+                    if entry.lower(priority, msg_id) {
+                        lowered = true;
+                        if known {
+                            entry.add_correction();
+                            corrections += 1;
+                        }
+                    }
+                }
+                if let Some(due) = due {
+                    entry.lower_due(due);
+                }
+            }
+            entry.mark_known();
+            if let Some(depth) = depth {
+                entry.set_depth(depth);
+            }
+            // A sleeper while messages are claimable: someone missed a wake-up.
+            if lowered || (any && s.waiters > 0) {
+                entry.wake(1);
+            }
+        });
+    }
+    corrections
+}
+
+/// (priority, lowest claimable msg_id) per priority, and the earliest due time.
+fn claimable(queue: &str, priorities: &[i16]) -> Vec<(Option<i16>, Option<i64>, Option<i64>)> {
+    Spi::connect(|client| {
+        client
+            .select(
+                "SELECT priority, msg_id, due FROM pgqueue._claimable($1, $2)",
+                None,
+                &[queue.into(), priorities.to_vec().into()],
+            )?
+            .map(|row| {
+                let due = row.get::<TimestampWithTimeZone>(3)?.map(pg_sys::TimestampTz::from);
+                Ok((row.get::<i16>(1)?, row.get::<i64>(2)?, due))
+            })
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .unwrap_or_else(|e| error!("{e}"))
+}
+
+fn depth(queue: &str) -> [i64; 3] {
+    let (ready, delayed, claimed) = Spi::get_three_with_args::<i64, i64, i64>(
+        "SELECT ready, delayed, claimed FROM pgqueue._depth($1)",
+        &[queue.into()],
+    )
+    .unwrap_or_else(|e| error!("{e}"));
+    [ready.unwrap_or(0), delayed.unwrap_or(0), claimed.unwrap_or(0)]
+}
+
+/// This database's queues as the shared state sees them (for `pgqueue.queue_depth`).
+#[pg_extern(volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity)]
+fn _queue_depth() -> TableIterator<
+    'static,
+    (
+        name!(queue, String),
+        name!(tracked, bool),
+        name!(ready, Option<i64>),
+        name!(delayed, Option<i64>),
+        name!(claimed, Option<i64>),
+        name!(waiting_claims, i64),
+        name!(wakeups, i64),
+        name!(hint_corrections, i64),
+    ),
+> {
+    // SAFETY: a plain read of this backend's database.
+    let db = unsafe { pg_sys::MyDatabaseId };
+    let rows = queue_state::with_lock(false, |table| {
+        table
+            .entries()
+            .into_iter()
+            // SAFETY: entries from the scan, read under the lock.
+            .map(|e| unsafe { &*e })
+            .filter(|e| e.db() == db)
+            .map(|e| {
+                let depth = e.depth();
+                let (wakeups, corrections) = e.counters();
+                (
+                    e.key().queue(),
+                    e.hints().is_some(),
+                    depth.map(|d| d[0]),
+                    depth.map(|d| d[1]),
+                    depth.map(|d| d[2]),
+                    i64::from(e.waiters()),
+                    wakeups,
+                    corrections,
+                )
+            })
+            .collect::<Vec<_>>()
+    })
+    .unwrap_or_default();
+    TableIterator::new(rows)
+}

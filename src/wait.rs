@@ -1,0 +1,102 @@
+//! Waiting claims: `pgq_claim(…, wait => …)` sleeps here between two attempts, on its
+//! queue's condition variable, until a commit makes messages of that queue claimable (it
+//! bumps the queue's wake-up count and signals one sleeper per message), or until the
+//! deadline. No polling: a sleeper wakes only when signalled, or to pass on a signal it
+//! cannot use. Without shared memory it sleeps in short steps instead.
+
+use crate::queue_state::{self, Key};
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+/// Sleep step when there is no shared state to be woken through.
+const FALLBACK_STEP_MS: i64 = 50;
+
+/// Sleeps until `queue`'s wake-up count differs from `seen` (returns true) or until
+/// `deadline` (false). Interrupts (cancel, statement_timeout, termination) end it with the
+/// usual error; postmaster death ends the process.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> bool {
+    let deadline = pg_sys::TimestampTz::from(deadline);
+    let key = Key::new(queue);
+    // Take a place among the sleepers: the entry cannot be removed while we are one.
+    let cv = match (key, seen) {
+        (Some(key), Some(_)) => {
+            queue_state::with_lock(true, |table| table.entry(&key, true).map(|e| e.add_waiter())).flatten()
+        }
+        _ => None,
+    };
+    let (Some(cv), Some(key), Some(seen)) = (cv, key, seen) else {
+        fallback_sleep(deadline);
+        return false;
+    };
+    let changed = || {
+        queue_state::with_lock(false, |table| table.entry(&key, false).is_none_or(|e| e.wake_seq() as i64 != seen))
+            .unwrap_or(true)
+    };
+    let leave = move || {
+        // SAFETY: we are on cv's wait list, or were; cancelling is always allowed.
+        unsafe { pg_sys::ConditionVariableCancelSleep() };
+        queue_state::with_lock(true, |table| {
+            if let Some(entry) = table.entry(&key, false) {
+                entry.remove_waiter();
+            }
+        });
+    };
+    PgTryBuilder::new(|| {
+        // SAFETY: cv stays valid while we count among its waiters.
+        unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
+        let mut woken = false;
+        loop {
+            if changed() {
+                woken = true;
+                break;
+            }
+            let left_ms = remaining_ms(deadline);
+            if left_ms <= 0 {
+                break;
+            }
+            // SAFETY: prepared above; returns on a signal, a latch set or the timeout, and
+            // checks for interrupts itself.
+            unsafe { pg_sys::ConditionVariableTimedSleep(cv, left_ms as _, pg_sys::PG_WAIT_EXTENSION) };
+        }
+        leave();
+        woken
+    })
+    .catch_others(|error| {
+        leave();
+        // We may have been the one signalled for a message: hand the signal on, so that
+        // another sleeper takes it (a sleeper woken for nothing just sleeps again).
+        queue_state::with_lock(true, |table| {
+            if let Some(entry) = table.entry(&key, false) {
+                entry.pass_on();
+            }
+        });
+        error.rethrow()
+    })
+    .execute()
+}
+
+fn remaining_ms(deadline: pg_sys::TimestampTz) -> i64 {
+    // SAFETY: reads the clock.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    (deadline - now + 999).div_euclid(1000)
+}
+
+fn fallback_sleep(deadline: pg_sys::TimestampTz) {
+    let ms = remaining_ms(deadline).clamp(0, FALLBACK_STEP_MS);
+    if ms == 0 {
+        return;
+    }
+    // SAFETY: a latch wait as pg_sleep does it; interrupts are checked after it.
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            ms as _,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    pgrx::check_for_interrupts!();
+}
