@@ -60,8 +60,8 @@ fn snapshot_per_statement() -> bool {
 /// A claim took `n` messages of `priority` (ids `low` to `high`): raise the hint past them
 /// (if the claim started from hints at `epoch`), and lower it again if this rolls back.
 #[pg_extern(volatile, parallel_unsafe)]
-fn _claimed(queue: &str, priority: i16, epoch: Option<i64>, low: i64, high: i64, n: i64) -> bool {
-    let Some(key) = Key::new(queue) else { return false };
+fn _claimed(queue: &str, priority: i16, epoch: Option<i64>, low: Option<i64>, high: Option<i64>, n: i64) -> bool {
+    let (Some(key), Some(low), Some(high)) = (Key::new(queue), low, high) else { return false };
     if n <= 0 {
         return false;
     }

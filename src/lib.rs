@@ -18,7 +18,7 @@ mod tick;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.2.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.3.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -54,7 +54,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.2.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.3.0".into())));
     }
 
     #[pg_test]

@@ -38,7 +38,11 @@ pub fn run(recount: bool) -> i64 {
             .collect()
     })
     .unwrap_or_default();
-    if seen.is_empty() {
+    // Until ALTER EXTENSION UPDATE, this library may run an earlier release's SQL.
+    let installed = Spi::get_one::<bool>("SELECT to_regprocedure('pgqueue._claimable(text, smallint[])') IS NOT NULL")
+        .unwrap_or_else(|e| error!("{e}"))
+        .unwrap_or(false);
+    if seen.is_empty() || !installed {
         return 0;
     }
     let queues: Vec<String> =
