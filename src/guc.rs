@@ -29,8 +29,21 @@ fn int(
     GucRegistry::define_int_guc(name, short, long, setting, range.0, range.1, context, flags);
 }
 
-pub fn init() {
+pub fn init(preloading: bool) {
     use GucContext::{Postmaster, Sighup, Suset, Userset};
+    // A postmaster setting can only be defined while the postmaster loads the library (a
+    // session that LOADs it has no shared memory to size anyway).
+    if preloading {
+        int(
+            c"pgqueue.max_queues",
+            c"Queues whose claim hints and waiting claims pgqueue keeps in shared memory.",
+            c"Queues beyond it (across all databases) work without them: claims scan from the start and waiting claims poll.",
+            &MAX_QUEUES,
+            (16, 1_000_000),
+            Postmaster,
+            GucFlags::default(),
+        );
+    }
     int(
         c"pgqueue.tick_interval",
         c"Time between two ticks of the pgqueue background worker.",
@@ -93,15 +106,6 @@ pub fn init() {
         (1, i32::MAX),
         Suset,
         GucFlags::UNIT_BYTE,
-    );
-    int(
-        c"pgqueue.max_queues",
-        c"Queues whose claim hints and waiting claims pgqueue keeps in shared memory.",
-        c"Queues beyond it (across all databases) work without them: claims scan from the start and waiting claims poll.",
-        &MAX_QUEUES,
-        (16, 1_000_000),
-        Postmaster,
-        GucFlags::default(),
     );
     GucRegistry::define_bool_guc(
         c"pgqueue.enabled",

@@ -23,10 +23,10 @@ mod worker;
 #[pg_guard]
 #[allow(non_snake_case)]
 pub extern "C-unwind" fn _PG_init() {
-    guc::init();
-    pending::init();
     // SAFETY: plain reads of postmaster globals during library load.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    guc::init(preloading);
+    pending::init();
     let binary_upgrade = unsafe { pg_sys::IsBinaryUpgrade };
     // Loaded into a single session (no preload): the SQL API works, but a worker can only
     // be registered while the postmaster loads `shared_preload_libraries`.

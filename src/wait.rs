@@ -8,6 +8,34 @@ use crate::queue_state::{self, Key};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use std::cell::Cell;
+
+thread_local! {
+    /// The queue this process sleeps on, for `on_exit`.
+    static SLEEPING: Cell<Option<Key>> = const { Cell::new(None) };
+    static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Leaves the sleepers of the queue we sleep on, handing on a wake-up we may have received
+/// and cannot use (an error or a termination ended the wait).
+fn stop_sleeping(pass_on: bool) {
+    let Some(key) = SLEEPING.take() else { return };
+    queue_state::with_lock(true, |table| {
+        if let Some(entry) = table.entry(&key, false) {
+            entry.remove_waiter();
+            if pass_on {
+                entry.pass_on();
+            }
+        }
+    });
+}
+
+/// pg_terminate_backend and shutdown end the process from inside the sleep (FATAL, no
+/// error to catch): leave the sleepers on the way out.
+#[pg_guard]
+unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
+    stop_sleeping(true);
+}
 
 /// Sleep step when there is no shared state to be woken through.
 const FALLBACK_STEP_MS: i64 = 50;
@@ -20,10 +48,19 @@ fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> boo
     let deadline = pg_sys::TimestampTz::from(deadline);
     let key = Key::new(queue);
     // Take a place among the sleepers: the entry cannot be removed while we are one.
+    if !EXIT_HOOKED.get() {
+        // SAFETY: registers a callback for this process's exit, once.
+        unsafe { pg_sys::before_shmem_exit(Some(on_exit), pg_sys::Datum::from(0)) };
+        EXIT_HOOKED.set(true);
+    }
     let cv = match (key, seen) {
-        (Some(key), Some(_)) => {
-            queue_state::with_lock(true, |table| table.entry(&key, true).map(|e| e.add_waiter())).flatten()
-        }
+        (Some(key), Some(_)) => queue_state::with_lock(true, |table| {
+            table.entry(&key, true).map(|e| {
+                SLEEPING.set(Some(key));
+                e.add_waiter()
+            })
+        })
+        .flatten(),
         _ => None,
     };
     let (Some(cv), Some(key), Some(seen)) = (cv, key, seen) else {
@@ -34,14 +71,10 @@ fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> boo
         queue_state::with_lock(false, |table| table.entry(&key, false).is_none_or(|e| e.wake_seq() as i64 != seen))
             .unwrap_or(true)
     };
-    let leave = move || {
+    let leave = |pass_on: bool| {
         // SAFETY: we are on cv's wait list, or were; cancelling is always allowed.
         unsafe { pg_sys::ConditionVariableCancelSleep() };
-        queue_state::with_lock(true, |table| {
-            if let Some(entry) = table.entry(&key, false) {
-                entry.remove_waiter();
-            }
-        });
+        stop_sleeping(pass_on);
     };
     PgTryBuilder::new(|| {
         // SAFETY: cv stays valid while we count among its waiters.
@@ -60,18 +93,13 @@ fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> boo
             // checks for interrupts itself.
             unsafe { pg_sys::ConditionVariableTimedSleep(cv, left_ms as _, pg_sys::PG_WAIT_EXTENSION) };
         }
-        leave();
+        leave(false);
         woken
     })
     .catch_others(|error| {
-        leave();
         // We may have been the one signalled for a message: hand the signal on, so that
         // another sleeper takes it (a sleeper woken for nothing just sleeps again).
-        queue_state::with_lock(true, |table| {
-            if let Some(entry) = table.entry(&key, false) {
-                entry.pass_on();
-            }
-        });
+        leave(true);
         error.rethrow()
     })
     .execute()
