@@ -123,7 +123,8 @@ BEGIN
                     RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
                               m.enqueued_at, m.lease_expires_at
                 ), noted AS (
-                    SELECT pgqueue._claimed(q.queue, c.priority, NULL, min(c.msg_id), max(c.msg_id), count(*))
+                    SELECT pgqueue._claimed(q.queue, c.priority, NULL, min(c.msg_id), max(c.msg_id), count(*),
+                                            min(c.lease_expires_at))
                       FROM claimed c GROUP BY c.priority
                 )
                 SELECT c.* FROM claimed c, (SELECT count(*) FROM noted) k ORDER BY c.priority DESC, c.msg_id;
@@ -147,7 +148,8 @@ BEGIN
                         RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
                                   m.enqueued_at, m.lease_expires_at
                     ), noted AS (
-                        SELECT pgqueue._claimed(q.queue, s.priorities[i], s.epoch, min(c.msg_id), max(c.msg_id), count(*))
+                        SELECT pgqueue._claimed(q.queue, s.priorities[i], s.epoch, min(c.msg_id), max(c.msg_id),
+                                                count(*), min(c.lease_expires_at))
                           FROM claimed c
                     )
                     SELECT c.* FROM claimed c, noted ORDER BY c.msg_id;
@@ -180,13 +182,19 @@ BEGIN
     PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
     PERFORM pgqueue._check_lease(lease);
     -- Only the lease changes, and it is in no index: a HOT update.
+    -- The re-arm pass learns the earliest new lease end at commit (a lease may get shorter).
     RETURN QUERY
-    UPDATE pgqueue.messages m
-       SET lease_expires_at = now() + coalesce(lease, q.lease)
-      FROM unnest(msg_ids, claim_tokens) AS held(id, token), pgqueue.queues q
-     WHERE m.msg_id = held.id AND m.claim_token = held.token AND m.state = 'claimed'
-       AND q.queue = m.queue
-    RETURNING m.msg_id;
+    WITH renewed AS (
+        UPDATE pgqueue.messages m
+           SET lease_expires_at = now() + coalesce(lease, q.lease)
+          FROM unnest(msg_ids, claim_tokens) AS held(id, token), pgqueue.queues q
+         WHERE m.msg_id = held.id AND m.claim_token = held.token AND m.state = 'claimed'
+           AND q.queue = m.queue
+        RETURNING m.msg_id, m.lease_expires_at
+    ), noted AS (
+        SELECT pgqueue._renewed(min(r.lease_expires_at)) FROM renewed r
+    )
+    SELECT r.msg_id FROM renewed r, noted;
 END
 $$;
 

@@ -113,9 +113,12 @@ $$;
 -- The lease is in no index (renewals stay HOT), so expiry is checked row by row; to keep
 -- every batch the same cost however many claims are in flight, a batch looks at a window of
 -- at most 4 x max_rows in-flight rows after the cursor (an index seek, never a rescan of
--- what was already swept). `more` says there may be more after last_msg_id.
+-- what was already swept). `more` says there may be more after last_msg_id; first_msg_id is
+-- the lowest in-flight msg_id after the cursor and next_expiry the earliest lease end in the
+-- window (the worker starts its next pass there, and not before then: see src/tick.rs).
 CREATE FUNCTION pgqueue._rearm_batch(after_msg_id bigint, max_rows integer, queue text DEFAULT NULL)
-RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_msg_id bigint, more boolean)
+RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_msg_id bigint, more boolean, first_msg_id bigint,
+               next_expiry timestamptz)
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 #variable_conflict use_variable
 DECLARE
@@ -124,8 +127,9 @@ DECLARE
     window_end bigint;
     window_full boolean;
 BEGIN
-    SELECT max(w.msg_id), count(*) >= 4 * max_rows INTO window_end, window_full
-      FROM (SELECT m.msg_id FROM pgqueue.messages m
+    SELECT min(w.msg_id), max(w.msg_id), count(*) >= 4 * max_rows, min(w.lease_expires_at)
+      INTO first_msg_id, window_end, window_full, next_expiry
+      FROM (SELECT m.msg_id, m.lease_expires_at FROM pgqueue.messages m
              WHERE m.state = 'claimed' AND m.msg_id > after_msg_id
              ORDER BY m.msg_id LIMIT 4 * max_rows) w;
     SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt < e.max_attempts), '{}'),

@@ -1,5 +1,6 @@
 -- pgqueue 0.2.0 -> 0.3.0: queue state in shared memory (claim hints, waiting claims,
--- depths without counting). Function bodies are those of sql/*.sql in 0.3.0.
+-- depths without counting, where the re-arm pass starts). Function bodies are those of
+-- sql/*.sql in 0.3.0.
 
 -- The tick's new step and what it counts. Added without a default and then filled, so
 -- that the catalog matches a fresh install's (a default given to ADD COLUMN is kept as the
@@ -30,7 +31,8 @@ CREATE FUNCTION pgqueue."_claimed"(
 	"epoch" bigint, /* Option < i64 > */
 	"low" bigint, /* Option < i64 > */
 	"high" bigint, /* Option < i64 > */
-	"n" bigint /* i64 */
+	"n" bigint, /* i64 */
+	"expiry" timestamp with time zone /* Option < TimestampWithTimeZone > */
 ) RETURNS bool /* bool */
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
@@ -79,6 +81,13 @@ CREATE FUNCTION pgqueue."_wake_queue"(
 STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', '_wake_queue_wrapper';
+
+CREATE FUNCTION pgqueue."_renewed"(
+	"until" timestamp with time zone /* Option < pgrx :: datum :: TimestampWithTimeZone > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_renewed_wrapper';
 
 CREATE FUNCTION pgqueue."_wait"(
 	"queue" TEXT, /* & str */
@@ -342,50 +351,6 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgqueue._rearm_batch(after_msg_id bigint, max_rows integer, queue text DEFAULT NULL)
-RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_msg_id bigint, more boolean)
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
-#variable_conflict use_variable
-DECLARE
-    retry bigint[];
-    exhausted bigint[];
-    window_end bigint;
-    window_full boolean;
-BEGIN
-    SELECT max(w.msg_id), count(*) >= 4 * max_rows INTO window_end, window_full
-      FROM (SELECT m.msg_id FROM pgqueue.messages m
-             WHERE m.state = 'claimed' AND m.msg_id > after_msg_id
-             ORDER BY m.msg_id LIMIT 4 * max_rows) w;
-    SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt < e.max_attempts), '{}'),
-           coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt >= e.max_attempts), '{}'),
-           CASE WHEN count(*) >= max_rows THEN max(e.msg_id) ELSE window_end END,
-           count(*) >= max_rows OR window_full
-      INTO retry, exhausted, last_msg_id, more
-      FROM (SELECT m.msg_id, m.attempt, q.max_attempts
-              FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
-             WHERE m.state = 'claimed' AND m.msg_id > after_msg_id AND m.msg_id <= window_end
-               AND m.lease_expires_at <= now()
-               AND (queue IS NULL OR m.queue = queue)
-             ORDER BY m.msg_id
-             LIMIT max_rows
-               FOR UPDATE OF m SKIP LOCKED) e;
-    WITH back AS (
-        UPDATE pgqueue.messages m
-           SET state = 'ready', claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL,
-               consumer = NULL, session_pid = NULL, session_started = NULL, last_error = 'lease expired'
-         WHERE m.msg_id = ANY (retry)
-        RETURNING m.queue, m.priority, m.msg_id
-    )
-    SELECT coalesce(sum(n), 0) INTO rearmed
-      FROM (SELECT count(*) AS n, pgqueue._note(b.queue, count(*), 'claimed', 'ready', b.priority,
-                                                min(b.msg_id), max(b.msg_id))
-              FROM back b GROUP BY b.queue, b.priority) r;
-    dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
-        exhausted, NULL, 'dead', 'lease expired on the last attempt'));
-    RETURN NEXT;
-END
-$$;
-
 CREATE OR REPLACE FUNCTION pgqueue.pgq_redrive(queue text, msg_ids bigint[] DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
@@ -549,6 +514,78 @@ BEGIN ATOMIC
         last_error_at = CASE WHEN counts ? 'error' THEN now() ELSE last_error_at END;
 END;
 
+CREATE OR REPLACE FUNCTION pgqueue.pgq_renew(msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+BEGIN
+    PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
+    PERFORM pgqueue._check_lease(lease);
+    -- Only the lease changes, and it is in no index: a HOT update.
+    -- The re-arm pass learns the earliest new lease end at commit (a lease may get shorter).
+    RETURN QUERY
+    WITH renewed AS (
+        UPDATE pgqueue.messages m
+           SET lease_expires_at = now() + coalesce(lease, q.lease)
+          FROM unnest(msg_ids, claim_tokens) AS held(id, token), pgqueue.queues q
+         WHERE m.msg_id = held.id AND m.claim_token = held.token AND m.state = 'claimed'
+           AND q.queue = m.queue
+        RETURNING m.msg_id, m.lease_expires_at
+    ), noted AS (
+        SELECT pgqueue._renewed(min(r.lease_expires_at)) FROM renewed r
+    )
+    SELECT r.msg_id FROM renewed r, noted;
+END
+$$;
+
+-- _rearm_batch also returns first_msg_id and next_expiry: a new result type.
+DROP FUNCTION pgqueue._rearm_batch(bigint, integer, text);
+CREATE FUNCTION pgqueue._rearm_batch(after_msg_id bigint, max_rows integer, queue text DEFAULT NULL)
+RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_msg_id bigint, more boolean, first_msg_id bigint,
+               next_expiry timestamptz)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+#variable_conflict use_variable
+DECLARE
+    retry bigint[];
+    exhausted bigint[];
+    window_end bigint;
+    window_full boolean;
+BEGIN
+    SELECT min(w.msg_id), max(w.msg_id), count(*) >= 4 * max_rows, min(w.lease_expires_at)
+      INTO first_msg_id, window_end, window_full, next_expiry
+      FROM (SELECT m.msg_id, m.lease_expires_at FROM pgqueue.messages m
+             WHERE m.state = 'claimed' AND m.msg_id > after_msg_id
+             ORDER BY m.msg_id LIMIT 4 * max_rows) w;
+    SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt < e.max_attempts), '{}'),
+           coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt >= e.max_attempts), '{}'),
+           CASE WHEN count(*) >= max_rows THEN max(e.msg_id) ELSE window_end END,
+           count(*) >= max_rows OR window_full
+      INTO retry, exhausted, last_msg_id, more
+      FROM (SELECT m.msg_id, m.attempt, q.max_attempts
+              FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
+             WHERE m.state = 'claimed' AND m.msg_id > after_msg_id AND m.msg_id <= window_end
+               AND m.lease_expires_at <= now()
+               AND (queue IS NULL OR m.queue = queue)
+             ORDER BY m.msg_id
+             LIMIT max_rows
+               FOR UPDATE OF m SKIP LOCKED) e;
+    WITH back AS (
+        UPDATE pgqueue.messages m
+           SET state = 'ready', claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL,
+               consumer = NULL, session_pid = NULL, session_started = NULL, last_error = 'lease expired'
+         WHERE m.msg_id = ANY (retry)
+        RETURNING m.queue, m.priority, m.msg_id
+    )
+    SELECT coalesce(sum(n), 0) INTO rearmed
+      FROM (SELECT count(*) AS n, pgqueue._note(b.queue, count(*), 'claimed', 'ready', b.priority,
+                                                min(b.msg_id), max(b.msg_id))
+              FROM back b GROUP BY b.queue, b.priority) r;
+    dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
+        exhausted, NULL, 'dead', 'lease expired on the last attempt'));
+    RETURN NEXT;
+END
+$$;
+
 -- pgq_claim gains its last argument, wait: a new signature.
 DROP FUNCTION pgqueue.pgq_claim(text, integer, interval, text, boolean);
 CREATE FUNCTION pgqueue.pgq_claim(
@@ -630,7 +667,8 @@ BEGIN
                     RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
                               m.enqueued_at, m.lease_expires_at
                 ), noted AS (
-                    SELECT pgqueue._claimed(q.queue, c.priority, NULL, min(c.msg_id), max(c.msg_id), count(*))
+                    SELECT pgqueue._claimed(q.queue, c.priority, NULL, min(c.msg_id), max(c.msg_id), count(*),
+                                            min(c.lease_expires_at))
                       FROM claimed c GROUP BY c.priority
                 )
                 SELECT c.* FROM claimed c, (SELECT count(*) FROM noted) k ORDER BY c.priority DESC, c.msg_id;
@@ -654,7 +692,8 @@ BEGIN
                         RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
                                   m.enqueued_at, m.lease_expires_at
                     ), noted AS (
-                        SELECT pgqueue._claimed(q.queue, s.priorities[i], s.epoch, min(c.msg_id), max(c.msg_id), count(*))
+                        SELECT pgqueue._claimed(q.queue, s.priorities[i], s.epoch, min(c.msg_id), max(c.msg_id),
+                                                count(*), min(c.lease_expires_at))
                           FROM claimed c
                     )
                     SELECT c.* FROM claimed c, noted ORDER BY c.msg_id;
@@ -703,12 +742,13 @@ CREATE VIEW pgqueue.shared_state AS SELECT * FROM pgqueue._shared_state();
 
 -- Privileges, as sql/privileges.sql gives them in a fresh install.
 REVOKE ALL ON FUNCTION
-    pgqueue._claim_start(text), pgqueue._claimed(text, smallint, bigint, bigint, bigint, bigint),
+    pgqueue._claim_start(text), pgqueue._claimed(text, smallint, bigint, bigint, bigint, bigint, timestamptz),
     pgqueue._due_epoch(text), pgqueue._due_after(text, bigint, timestamptz),
     pgqueue._note(text, bigint, text, text, smallint, bigint, bigint, timestamptz),
-    pgqueue._reset_queue(text), pgqueue._wake_queue(text), pgqueue._wait(text, bigint, timestamptz),
-    pgqueue._queue_depth(), pgqueue._shared_state(), pgqueue._check_wait(interval),
-    pgqueue._claimable(text, smallint[]), pgqueue._depth(text),
+    pgqueue._reset_queue(text), pgqueue._wake_queue(text), pgqueue._renewed(timestamptz),
+    pgqueue._wait(text, bigint, timestamptz), pgqueue._queue_depth(), pgqueue._shared_state(),
+    pgqueue._check_wait(interval), pgqueue._claimable(text, smallint[]), pgqueue._depth(text),
+    pgqueue._rearm_batch(bigint, integer, text),
     pgqueue.pgq_claim(text, integer, interval, text, boolean, interval)
 FROM PUBLIC;
 REVOKE ALL ON pgqueue.queue_depth, pgqueue.shared_state FROM PUBLIC;

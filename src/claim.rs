@@ -57,10 +57,19 @@ fn snapshot_per_statement() -> bool {
     unsafe { pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 }
 }
 
-/// A claim took `n` messages of `priority` (ids `low` to `high`): raise the hint past them
-/// (if the claim started from hints at `epoch`), and lower it again if this rolls back.
+/// A claim took `n` messages of `priority` (ids `low` to `high`, leases ending from `expiry`):
+/// raise the hint past them (if the claim started from hints at `epoch`), and lower it again
+/// if this rolls back; at commit the re-arm pass learns of them.
 #[pg_extern(volatile, parallel_unsafe)]
-fn _claimed(queue: &str, priority: i16, epoch: Option<i64>, low: Option<i64>, high: Option<i64>, n: i64) -> bool {
+fn _claimed(
+    queue: &str,
+    priority: i16,
+    epoch: Option<i64>,
+    low: Option<i64>,
+    high: Option<i64>,
+    n: i64,
+    expiry: Option<TimestampWithTimeZone>,
+) -> bool {
     let (Some(key), Some(low), Some(high)) = (Key::new(queue), low, high) else { return false };
     if n <= 0 {
         return false;
@@ -70,6 +79,7 @@ fn _claimed(queue: &str, priority: i16, epoch: Option<i64>, low: Option<i64>, hi
     note.low = low;
     note.high = high;
     note.count = n;
+    note.expiry = expiry.map_or(i64::MIN, pg_sys::TimestampTz::from);
     note.moved(n, Some(State::Ready), Some(State::Claimed));
     pending::record(note);
     if let Some(epoch) = epoch

@@ -41,6 +41,8 @@ pub struct Note {
     pub depth: [i64; 3],
     /// Earliest due time of delayed messages it adds.
     pub due: i64,
+    /// Earliest lease end of messages it claimed or renewed.
+    pub expiry: i64,
     /// This transaction raised the queue's next due time: forget it on rollback.
     pub raised_due: bool,
     pub wake_all: bool,
@@ -66,6 +68,7 @@ impl Note {
             count: 0,
             depth: [0; 3],
             due: DUE_NEVER,
+            expiry: i64::MAX,
             raised_due: false,
             wake_all: false,
             reset: false,
@@ -112,6 +115,7 @@ pub fn record(mut note: Note) {
             last.count += note.count;
             last.add_depth(&note.depth);
             last.due = last.due.min(note.due);
+            last.expiry = last.expiry.min(note.expiry);
             last.raised_due |= note.raised_due;
             last.wake_all |= note.wake_all;
             return;
@@ -236,6 +240,9 @@ fn finish(committed: bool) {
                 }
                 continue;
             }
+            if note.kind == Kind::Claimed || note.expiry != i64::MAX {
+                table.lower_in_flight(if note.kind == Kind::Claimed { note.low } else { i64::MAX }, note.expiry);
+            }
             let Some(entry) = table.entry(&note.key, true) else { continue };
             entry.add_depth(&note.depth);
             if note.makes_ready() {
@@ -342,6 +349,17 @@ fn _wake_queue(queue: &str) -> bool {
     let Some(key) = Key::new(queue) else { return false };
     let mut note = Note::new(key, Kind::Other);
     note.wake_all = true;
+    record(note);
+    true
+}
+
+/// Claims renewed by this transaction hold their leases until at least `until`: the re-arm
+/// pass must not wait longer than that (a renewal may shorten a lease).
+#[pg_extern(volatile, parallel_unsafe)]
+fn _renewed(until: Option<pgrx::datum::TimestampWithTimeZone>) -> bool {
+    let Some(until) = until else { return false };
+    let mut note = Note::new(Key::in_flight(), Kind::Other);
+    note.expiry = pg_sys::TimestampTz::from(until);
     record(note);
     true
 }

@@ -61,6 +61,16 @@ impl Key {
         Some(Key { db: unsafe { pg_sys::MyDatabaseId }, name })
     }
 
+    /// This database's entry for what all its queues share: where claimed messages start.
+    /// Queue names start with a letter, so it is nobody's queue.
+    pub fn in_flight() -> Key {
+        Key::new("*in flight").expect("short")
+    }
+
+    pub fn is_queue(&self) -> bool {
+        self.name[0].is_ascii_lowercase()
+    }
+
     pub fn queue(&self) -> String {
         let end = self.name.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
         String::from_utf8_lossy(&self.name[..end]).into_owned()
@@ -103,6 +113,14 @@ pub struct Entry {
     /// Waiting claims woken by a signal; hints the tick found too high (missed events).
     wakeups: i64,
     corrections: i64,
+    /// In a database's `Key::in_flight` entry only (see `start_pass`): no claimed message of
+    /// that database has a lower msg_id, and no lease ends before `next_expiry`; the same two
+    /// for what was claimed (or renewed) since the current re-arm pass started.
+    claimed_floor: i64,
+    next_expiry: i64,
+    floor_since: i64,
+    expiry_since: i64,
+    pass: u64,
 }
 
 #[repr(C)]
@@ -257,6 +275,11 @@ impl Locked {
             entry.corrections = 0;
             entry.wake_seq = 0;
             entry.epoch = 0;
+            entry.claimed_floor = i64::MIN;
+            entry.next_expiry = i64::MIN;
+            entry.floor_since = i64::MIN;
+            entry.expiry_since = i64::MIN;
+            entry.pass = 0;
             entry.reset();
             Some(entry)
         }
@@ -517,6 +540,63 @@ impl Entry {
 
     pub fn db(&self) -> pg_sys::Oid {
         self.key.db
+    }
+}
+
+/// Starts a re-arm pass of this database, unless no lease can have ended yet (the earliest
+/// lease end known is after `now`; `force` starts one anyway). Returns where claimed messages
+/// start (i64::MIN: unknown, from the start) and the pass's number for `end_pass`.
+///
+/// Why: the pass walks the in-flight index, and a pinned xmin horizon keeps there the entries
+/// of every message finished since. Starting past them, and only when a lease may have ended,
+/// keeps the walk to the live claims, and to once per lease rather than once per tick.
+/// Claims (and renewals) lower both values at commit; the pass sets them from what it saw.
+pub fn start_pass(now: i64, force: bool) -> Option<(i64, u64)> {
+    with_lock(true, |table| {
+        let Some(e) = table.entry(&Key::in_flight(), true) else { return Some((i64::MIN, 0)) };
+        if !force && e.next_expiry > now {
+            return None;
+        }
+        e.pass += 1;
+        e.floor_since = i64::MAX;
+        e.expiry_since = i64::MAX;
+        Some((e.claimed_floor, e.pass))
+    })
+    .unwrap_or(Some((i64::MIN, 0)))
+}
+
+/// Pass `pass` saw no claimed message below `first` (i64::MAX: none at all): the next pass
+/// may start there. If another pass started meanwhile, this only lowers.
+pub fn pass_found_floor(pass: u64, first: i64) {
+    with_lock(true, |table| {
+        let Some(e) = table.entry(&Key::in_flight(), true) else { return };
+        e.claimed_floor = if e.pass == pass { first.min(e.floor_since) } else { e.claimed_floor.min(first) };
+    });
+}
+
+/// Pass `pass` went through every claim and saw no lease ending before `expiry` (i64::MAX:
+/// none): no pass is needed before then. If another pass started meanwhile, this only lowers.
+pub fn end_pass(pass: u64, expiry: i64) {
+    with_lock(true, |table| {
+        let Some(e) = table.entry(&Key::in_flight(), true) else { return };
+        e.next_expiry = if e.pass == pass { expiry.min(e.expiry_since) } else { e.next_expiry.min(expiry) };
+    });
+}
+
+/// Something may have made a lease end sooner (expired orphans): the next tick re-arms.
+pub fn lease_may_have_ended() {
+    with_lock(true, |table| table.lower_in_flight(i64::MAX, i64::MIN));
+}
+
+impl Locked {
+    /// Messages claimed from `msg_id` on, with leases ending from `expiry` on.
+    pub fn lower_in_flight(&mut self, msg_id: i64, expiry: i64) {
+        if let Some(e) = self.entry(&Key::in_flight(), true) {
+            e.claimed_floor = e.claimed_floor.min(msg_id);
+            e.floor_since = e.floor_since.min(msg_id);
+            e.next_expiry = e.next_expiry.min(expiry);
+            e.expiry_since = e.expiry_since.min(expiry);
+        }
     }
 }
 

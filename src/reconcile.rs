@@ -19,7 +19,8 @@ struct Seen {
 }
 
 /// Runs the check; returns how many hints were found too high (each a missed lowering).
-pub fn run(recount: bool) -> i64 {
+/// `current_sql`: the database runs this release's SQL (else there is nothing to check with).
+pub fn run(recount: bool, current_sql: bool) -> i64 {
     // SAFETY: a plain read of this backend's database.
     let db = unsafe { pg_sys::MyDatabaseId };
     let seen: Vec<Seen> = queue_state::with_lock(false, |table| {
@@ -28,7 +29,7 @@ pub fn run(recount: bool) -> i64 {
             .into_iter()
             // SAFETY: entries from the scan, read under the lock.
             .map(|e| unsafe { &*e })
-            .filter(|e| e.db() == db)
+            .filter(|e| e.db() == db && e.key().is_queue())
             .map(|e| Seen {
                 key: e.key(),
                 priorities: e.listed().0,
@@ -38,11 +39,7 @@ pub fn run(recount: bool) -> i64 {
             .collect()
     })
     .unwrap_or_default();
-    // Until ALTER EXTENSION UPDATE, this library may run an earlier release's SQL.
-    let installed = Spi::get_one::<bool>("SELECT to_regprocedure('pgqueue._claimable(text, smallint[])') IS NOT NULL")
-        .unwrap_or_else(|e| error!("{e}"))
-        .unwrap_or(false);
-    if seen.is_empty() || !installed {
+    if seen.is_empty() || !current_sql {
         return 0;
     }
     let queues: Vec<String> =
@@ -142,7 +139,7 @@ fn _queue_depth() -> TableIterator<
             .into_iter()
             // SAFETY: entries from the scan, read under the lock.
             .map(|e| unsafe { &*e })
-            .filter(|e| e.db() == db)
+            .filter(|e| e.db() == db && e.key().is_queue())
             .map(|e| {
                 let depth = e.depth();
                 let (wakeups, corrections) = e.counters();

@@ -4,6 +4,7 @@
 //! The steps' SQL lives in `sql/maintenance.sql`; this file only sequences and counts.
 
 use crate::guc;
+use crate::queue_state;
 use pgrx::JsonB;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
@@ -49,8 +50,8 @@ impl Outcome {
     }
 }
 
-/// Runs one tick. `cursor` is where the previous re-arm pass stopped (0: from the start).
-pub fn run(bracket: Bracket, plan: Plan, cursor: &mut i64) -> Outcome {
+/// Runs one tick. `pass` is the re-arm pass under way, if the previous tick left one.
+pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     let mut out = Outcome::default();
     if plan.all_steps {
         if let Some(n) = step(bracket, &mut out, "promote", || one("SELECT pgqueue._promote_all(10000)")) {
@@ -58,14 +59,20 @@ pub fn run(bracket: Bracket, plan: Plan, cursor: &mut i64) -> Outcome {
         }
         if let Some(n) = step(bracket, &mut out, "orphan", || one("SELECT pgqueue._expire_orphaned_claims()")) {
             out.add("orphans_expired", n);
+            if n > 0 {
+                queue_state::lease_may_have_ended();
+            }
         }
     }
-    rescue(bracket, &mut out, cursor);
+    let current_sql = step(bracket, &mut out, "rearm", sql_is_current).unwrap_or(false);
     let prune_now = plan.all_steps && prune_due(bracket, &mut out);
+    // At the prune cadence a pass runs even if no lease seems to have ended: leases changed
+    // around the API (an UPDATE of pgqueue.messages) are re-armed then.
+    rescue(bracket, &mut out, pass, current_sql, prune_now);
     if plan.all_steps {
         // After promote and re-arm, whose commits it then finds announced already. Depths
         // are recounted at the prune cadence (they cost a count of the queue).
-        if let Some(n) = step(bracket, &mut out, "reconcile", || crate::reconcile::run(prune_now)) {
+        if let Some(n) = step(bracket, &mut out, "reconcile", || crate::reconcile::run(prune_now, current_sql)) {
             out.add("hint_corrections", n);
         }
     }
@@ -86,21 +93,50 @@ pub fn run(bracket: Bracket, plan: Plan, cursor: &mut i64) -> Outcome {
     out
 }
 
+/// A re-arm pass under way (it may span ticks while a backlog lasts).
+#[derive(Default)]
+pub struct Pass {
+    /// Where the next batch starts (msg_id > cursor); None: no pass under way.
+    cursor: Option<i64>,
+    /// The pass's number in shared memory, the lowest claimed msg_id (once its first batch
+    /// ran) and the earliest lease end it saw so far (see queue_state::start_pass).
+    number: u64,
+    first: Option<i64>,
+    expiry: i64,
+}
+
 /// The bounded rescue: batches of `rescue_batch_size`, each in its own bracket, continuing
-/// while batches come back full, until the pass budget or row cap is reached.
-fn rescue(bracket: Bracket, out: &mut Outcome, cursor: &mut i64) {
+/// while batches come back full, until the pass budget or row cap is reached. A new pass
+/// starts only when a lease may have ended (always with `force`, and without this release's
+/// SQL), from where claimed messages start.
+fn rescue(bracket: Bracket, out: &mut Outcome, pass: &mut Pass, current_sql: bool, force: bool) {
     let (budget, max_rows) = (guc::rescue_pass_budget(), i64::from(guc::RESCUE_PASS_MAX_ROWS.get()));
     let batch = guc::RESCUE_BATCH_SIZE.get();
     let start = Instant::now();
     let mut rows = 0;
+    if pass.cursor.is_none() {
+        let (floor, number) = if current_sql {
+            // SAFETY: reads the clock.
+            let now = unsafe { pg_sys::GetCurrentTimestamp() };
+            match queue_state::start_pass(now, force) {
+                Some(started) => started,
+                None => return, // no lease can have ended yet
+            }
+        } else {
+            (i64::MIN, 0)
+        };
+        *pass = Pass { cursor: Some(floor.saturating_sub(1).max(0)), number, first: None, expiry: i64::MAX };
+    }
     loop {
-        let after = *cursor;
-        let Some((rearmed, dead, last, more)) = step(bracket, out, "rearm", || {
+        let after = pass.cursor.unwrap_or(0);
+        let Some((rearmed, dead, last, more, first, expiry)) = step(bracket, out, "rearm", || {
             Spi::connect(|client| {
                 let row = client
                     .select(
-                        "SELECT rearmed, dead_lettered, coalesce(last_msg_id, 0), more
-                           FROM pgqueue._rearm_batch($1, $2)",
+                        // By name: an earlier release's function lacks the last two.
+                        "SELECT b.rearmed, b.dead_lettered, coalesce(b.last_msg_id, 0), b.more,
+                                (to_jsonb(b) ->> 'first_msg_id')::bigint, (to_jsonb(b) ->> 'next_expiry')::timestamptz
+                           FROM pgqueue._rearm_batch($1, $2) b",
                         Some(1),
                         &[after.into(), batch.into()],
                     )?
@@ -110,22 +146,35 @@ fn rescue(bracket: Bracket, out: &mut Outcome, cursor: &mut i64) {
                     row.get::<i64>(2)?.unwrap_or(0),
                     row.get::<i64>(3)?.unwrap_or(0),
                     row.get::<bool>(4)?.unwrap_or(false),
+                    row.get::<i64>(5)?,
+                    row.get::<pgrx::datum::TimestampWithTimeZone>(6)?.map(pg_sys::TimestampTz::from),
                 ))
             })
             .unwrap_or_else(|e| error!("{e}"))
         }) else {
-            break; // counted; the next tick starts over
+            // Counted; the next tick starts a new pass (shared memory kept what it had).
+            *pass = Pass::default();
+            break;
         };
         out.add("rearmed", rearmed);
         out.add("dead_lettered", dead);
         out.add("rescue_batches", 1);
         out.add("rescue_rows", rearmed + dead);
         rows += rearmed + dead;
+        if pass.first.is_none() && current_sql {
+            // The first batch saw where claimed messages start: the next pass may start there.
+            queue_state::pass_found_floor(pass.number, first.unwrap_or(i64::MAX));
+        }
+        pass.first = pass.first.or(first).or(Some(i64::MAX));
+        pass.expiry = pass.expiry.min(expiry.unwrap_or(i64::MAX));
         if !more {
-            *cursor = 0;
+            if current_sql {
+                queue_state::end_pass(pass.number, pass.expiry);
+            }
+            *pass = Pass::default();
             break;
         }
-        *cursor = last;
+        pass.cursor = Some(last);
         if start.elapsed() >= budget || rows >= max_rows {
             out.backlog = true;
             break;
@@ -184,6 +233,22 @@ fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
     step(bracket, out, "record", move || {
         Spi::run_with_args("SELECT pgqueue._record_tick($1)", &[counts.into()]).unwrap_or_else(|e| error!("{e}"))
     });
+}
+
+/// Whether this database runs this release's SQL: until ALTER EXTENSION UPDATE, this library
+/// may run an earlier release's, whose commits announce nothing to the shared state.
+fn sql_is_current() -> bool {
+    thread_local! {
+        static CURRENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if !CURRENT.get() {
+        let current =
+            Spi::get_one::<bool>("SELECT to_regprocedure('pgqueue._claimable(text, smallint[])') IS NOT NULL")
+                .unwrap_or_else(|e| error!("{e}"))
+                .unwrap_or(false);
+        CURRENT.set(current);
+    }
+    CURRENT.get()
 }
 
 fn one(sql: &str) -> i64 {
@@ -286,7 +351,6 @@ fn in_subtransaction<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -
 #[pg_extern(volatile, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn pgq_tick() -> TableIterator<'static, (name!(step, String), name!(error, String))> {
-    let mut cursor = 0;
-    let out = run(Bracket::Subtransaction, Plan { all_steps: true, first: false }, &mut cursor);
+    let out = run(Bracket::Subtransaction, Plan { all_steps: true, first: false }, &mut Pass::default());
     TableIterator::new(out.failures().iter().map(|(s, e)| (s.to_string(), e.clone())).collect::<Vec<_>>())
 }

@@ -151,7 +151,7 @@ pub extern "C-unwind" fn pgqueue_worker_main(arg: pg_sys::Datum) {
     let _ = tick::in_transaction(|| Spi::run("SELECT pg_catalog.set_config('lock_timeout', '5s', false)"));
 
     let mut first = true;
-    let mut cursor = 0;
+    let mut pass = tick::Pass::default();
     let mut last_full: Option<Instant> = None;
     loop {
         if BackgroundWorker::sighup_received() {
@@ -172,7 +172,7 @@ pub extern "C-unwind" fn pgqueue_worker_main(arg: pg_sys::Datum) {
             if all_steps {
                 last_full = Some(Instant::now());
             }
-            let out = tick::run(Bracket::Transaction, Plan { all_steps, first }, &mut cursor);
+            let out = tick::run(Bracket::Transaction, Plan { all_steps, first }, &mut pass);
             first = false;
             let until_next = interval.saturating_sub(last_full.map_or(Duration::ZERO, |at| at.elapsed()));
             // A backlog of expired claims: come straight back for another re-arm pass.

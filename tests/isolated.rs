@@ -325,3 +325,73 @@ fn pgq_tick_does_a_ticks_work_in_the_calling_session() {
     let after: i64 = c.query_one("SELECT ticks FROM pgqueue.worker_stats", &[]).unwrap().get(0);
     assert!(after > before, "the tick is counted");
 }
+
+/// Index entries of `messages_claimed_idx` read so far (by this cluster).
+fn claimed_idx_reads(c: &mut Client) -> i64 {
+    c.batch_execute("SELECT pg_stat_force_next_flush(); SELECT pg_stat_clear_snapshot();").unwrap();
+    c.query_one("SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'messages_claimed_idx'", &[])
+        .unwrap()
+        .get(0)
+}
+
+/// The re-arm pass starts where claimed messages start (shared memory keeps that msg_id,
+/// lowered by every claim at commit): with a pinned horizon keeping the entries of 20,000
+/// finished messages in the in-flight index, a tick reads only the live claims' entries,
+/// where a pass from the start would read all of them each tick.
+#[test]
+fn a_pinned_horizon_does_not_make_the_rearm_pass_walk_dead_entries() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    common::disable_worker();
+    // A database of its own: the claims other tests leave would be part of every pass.
+    let db = unique_queue("rearmpin");
+    connect().batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+    let mut c = common::connect_to(&db);
+    c.batch_execute("CREATE EXTENSION pgqueue").unwrap();
+    let q = "jobs";
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
+    let mut pin = common::connect_to(&db);
+    pin.batch_execute("BEGIN; SELECT txid_current();").unwrap();
+    let thousand: Vec<Value> = (0..1000).map(|i| json!({ "i": i })).collect();
+    for _ in 0..20 {
+        c.execute("SELECT pgqueue.pgq_send_batch($1, $2)", &[&q, &thousand]).unwrap();
+        c.execute(
+            "WITH got AS (SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, 1000))
+             SELECT count(*) FROM got, pgqueue.pgq_ack(ARRAY[got.msg_id], ARRAY[got.claim_token])",
+            &[&q],
+        )
+        .unwrap();
+    }
+    // Three live claims after them, one of which expires in a second; one tick to find where
+    // claimed messages start.
+    c.execute("SELECT pgqueue.pgq_send_batch($1, $2)", &[&q, &thousand[..3].to_vec()]).unwrap();
+    c.execute("SELECT count(*) FROM pgqueue.pgq_claim($1, 2, '1 hour')", &[&q]).unwrap();
+    c.execute("SELECT count(*) FROM pgqueue.pgq_claim($1, 1, '1 s')", &[&q]).unwrap();
+    c.execute("SELECT pgqueue.pgq_tick()", &[]).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let rearmed =
+        |c: &mut Client| -> i64 { c.query_one("SELECT rearmed FROM pgqueue.worker_stats", &[]).unwrap().get(0) };
+    let (before, rearmed_before) = (claimed_idx_reads(&mut c), rearmed(&mut c));
+    // The first of these re-arms the expired claim, walking the live claims only; the others
+    // find that no lease can have ended and walk nothing.
+    for _ in 0..5 {
+        c.execute("SELECT pgqueue.pgq_tick()", &[]).unwrap();
+    }
+    let read = claimed_idx_reads(&mut c) - before;
+    assert_eq!(rearmed(&mut c) - rearmed_before, 1, "the expired claim was re-armed");
+    // The same window scan from the start, for contrast.
+    let from_start: i64 = c
+        .query_one(
+            "SELECT count(*) FROM (SELECT m.msg_id FROM pgqueue.messages m WHERE m.state = 'claimed'
+              ORDER BY m.msg_id LIMIT 2000) w",
+            &[],
+        )
+        .map(|_| claimed_idx_reads(&mut c) - before - read)
+        .unwrap();
+    pin.batch_execute("ROLLBACK").unwrap();
+    drop((pin, c));
+    connect().batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).unwrap();
+    let summary = format!("5 ticks read {read} in-flight index entries; one scan from the start reads {from_start}");
+    assert!(from_start >= 20_000, "the pin keeps the finished messages' entries: {summary}");
+    assert!(read <= 5 * 20, "{summary}");
+    eprintln!("{summary}");
+}
