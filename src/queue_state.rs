@@ -600,26 +600,18 @@ impl Locked {
     }
 }
 
-/// Forgets the queues of databases that no longer exist (run by the launcher).
-pub fn forget_databases_except(databases: &[u32]) {
+/// Forgets the queues of databases that were dropped (run by the launcher).
+pub fn forget_databases(dropped: &[u32]) {
+    if dropped.is_empty() {
+        return;
+    }
     with_lock(true, |table| {
         for entry in table.entries() {
             // SAFETY: entries returned by the scan, under the exclusive lock.
             let key = unsafe { (*entry).key };
-            if !databases.contains(&key.db.to_u32()) {
+            if dropped.contains(&key.db.to_u32()) {
                 table.remove(&key);
             }
         }
     });
-}
-
-/// The table's size and use, server-wide (for `pgqueue.shared_state`); no row without
-/// shared memory.
-#[pg_extern(volatile, parallel_unsafe)]
-fn _shared_state() -> TableIterator<
-    'static,
-    (name!(max_queues, i64), name!(queues, i64), name!(queues_untracked, i64), name!(bytes_per_queue, i64)),
-> {
-    let usage = with_lock(false, |table| table.usage());
-    TableIterator::new(usage.map(|(cap, n, untracked)| (cap, n, untracked, size_of::<Entry>() as i64)))
 }

@@ -47,6 +47,7 @@ pub extern "C-unwind" fn pgqueue_launcher_main(_arg: pg_sys::Datum) {
     // the postmaster's handles would otherwise pile up in the launcher's top context.
     let mut workers: HashMap<u32, (DynamicBackgroundWorker, PgMemoryContexts)> = HashMap::new();
     let mut probed: HashMap<u32, Instant> = HashMap::new();
+    let mut seen: Vec<u32> = vec![];
     loop {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background process to reload its settings.
@@ -54,8 +55,11 @@ pub extern "C-unwind" fn pgqueue_launcher_main(_arg: pg_sys::Datum) {
         }
         let naptime = guc::launcher_naptime();
         let all = databases();
-        // Shared queue state of dropped databases would otherwise stay until a restart.
-        crate::queue_state::forget_databases_except(&all.iter().map(|(oid, _)| *oid).collect::<Vec<_>>());
+        // Shared queue state of dropped databases would otherwise stay until a restart. Only
+        // databases seen before and gone now: one created since this scan began is not gone.
+        let gone: Vec<u32> = seen.iter().filter(|oid| !all.iter().any(|(o, _)| o == *oid)).copied().collect();
+        crate::queue_state::forget_databases(&gone);
+        seen = all.iter().map(|(oid, _)| *oid).collect();
         let wanted: Vec<(u32, String)> = all.into_iter().filter(|(_, name)| guc::database_wanted(name)).collect();
         // Forget workers that have exited; stop those whose database is no longer wanted.
         workers.retain(|_, (worker, _)| matches!(worker.pid(), Ok(_) | Err(BackgroundWorkerStatus::NotYetStarted)));

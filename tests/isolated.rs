@@ -374,7 +374,9 @@ fn a_pinned_horizon_does_not_make_the_rearm_pass_walk_dead_entries() {
     // The first of these re-arms the expired claim, walking the live claims only; the others
     // find that no lease can have ended and walk nothing.
     for _ in 0..5 {
-        c.execute("SELECT pgqueue.pgq_tick()", &[]).unwrap();
+        let failed: Vec<String> =
+            c.query("SELECT step || ': ' || error FROM pgqueue.pgq_tick()", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+        assert!(failed.is_empty(), "{failed:?}");
     }
     let read = claimed_idx_reads(&mut c) - before;
     assert_eq!(rearmed(&mut c) - rearmed_before, 1, "the expired claim was re-armed");
@@ -387,10 +389,14 @@ fn a_pinned_horizon_does_not_make_the_rearm_pass_walk_dead_entries() {
         )
         .map(|_| claimed_idx_reads(&mut c) - before - read)
         .unwrap();
+    let shared: String =
+        c.query_one("SELECT coalesce((SELECT row(s.*)::text FROM pgqueue.shared_state s), 'none')", &[]).unwrap().get(0);
     pin.batch_execute("ROLLBACK").unwrap();
     drop((pin, c));
     connect().batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).unwrap();
-    let summary = format!("5 ticks read {read} in-flight index entries; one scan from the start reads {from_start}");
+    let summary = format!(
+        "5 ticks read {read} in-flight index entries; one scan from the start reads {from_start} (shared state {shared})"
+    );
     assert!(from_start >= 20_000, "the pin keeps the finished messages' entries: {summary}");
     assert!(read <= 5 * 20, "{summary}");
     eprintln!("{summary}");
