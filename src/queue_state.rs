@@ -615,3 +615,14 @@ pub fn forget_databases(dropped: &[u32]) {
         }
     });
 }
+
+/// The table's size and use, server-wide (for `pgqueue.shared_state`); no row without
+/// shared memory.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _shared_state() -> TableIterator<
+    'static,
+    (name!(max_queues, i64), name!(queues, i64), name!(queues_untracked, i64), name!(bytes_per_queue, i64)),
+> {
+    let usage = with_lock(false, |table| table.usage());
+    TableIterator::new(usage.map(|(cap, n, untracked)| (cap, n, untracked, size_of::<Entry>() as i64)))
+}
