@@ -139,7 +139,7 @@ END
 $$;
 
 CREATE FUNCTION pgqueue._claimable(queue text, priorities smallint[])
-RETURNS TABLE (priority smallint, msg_id bigint, due timestamptz)
+RETURNS TABLE (priority smallint, msg_id bigint, due timestamptz, busy boolean)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
@@ -149,26 +149,25 @@ DECLARE
     listed smallint[] := ARRAY(SELECT l FROM unnest(priorities) l ORDER BY l DESC);
     i integer := 1;
 BEGIN
+    due := NULL;
     LOOP
         below := CASE WHEN i <= cardinality(listed) THEN listed[i] ELSE -1001 END;
         -- Unlisted priorities strictly between `above` and `below`, highest first.
         LOOP
-            SELECT m.priority, m.msg_id INTO priority, msg_id FROM pgqueue.messages m
+            SELECT m.priority, m.msg_id, m.xmax <> '0' INTO priority, msg_id, busy FROM pgqueue.messages m
              WHERE m.queue = queue AND m.state = 'ready' AND m.priority < above AND m.priority > below
              ORDER BY m.priority DESC, m.msg_id LIMIT 1;
             EXIT WHEN NOT FOUND;
-            due := NULL;
             RETURN NEXT;
             above := priority;
         END LOOP;
         EXIT WHEN i > cardinality(listed);
         p := listed[i];
-        SELECT m.msg_id INTO msg_id FROM pgqueue.messages m
+        SELECT m.msg_id, m.xmax <> '0' INTO msg_id, busy FROM pgqueue.messages m
          WHERE m.queue = queue AND m.state = 'ready' AND m.priority = p
          ORDER BY m.msg_id LIMIT 1;
         IF FOUND THEN
             priority := p;
-            due := NULL;
             RETURN NEXT;
         END IF;
         above := p;
@@ -176,6 +175,7 @@ BEGIN
     END LOOP;
     priority := NULL;
     msg_id := NULL;
+    busy := NULL;
     due := (SELECT min(m.visible_at) FROM pgqueue.messages m WHERE m.queue = queue AND m.state = 'delayed');
     RETURN NEXT;
 END

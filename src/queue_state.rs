@@ -384,10 +384,13 @@ impl Entry {
     }
 
     /// Lowers `priority`'s hint to `msg_id` (adding the priority if it is new). Returns
-    /// whether anything changed; a change bumps the epoch.
+    /// whether the hint changed. The epoch is bumped either way: a claim under way may have
+    /// started below `msg_id` and not seen it (made claimable after its snapshot), and must
+    /// not raise the hint past it.
     pub fn lower(&mut self, priority: i16, msg_id: i64) -> bool {
+        self.epoch += 1;
         let n = usize::from(self.nprio);
-        let changed = match self.prio[..n].iter().position(|&p| p == priority) {
+        match self.prio[..n].iter().position(|&p| p == priority) {
             Some(i) if self.hint[i] > msg_id => {
                 self.hint[i] = msg_id;
                 true
@@ -406,11 +409,13 @@ impl Entry {
                 self.overflow = true;
                 true
             }
-        };
-        if changed {
-            self.epoch += 1;
         }
-        changed
+    }
+
+    /// Whether `msg_id` lies below `priority`'s hint (or the priority is not tracked).
+    pub fn is_below(&self, priority: i16, msg_id: i64) -> bool {
+        let n = usize::from(self.nprio);
+        self.prio[..n].iter().position(|&p| p == priority).is_none_or(|i| self.hint[i] > msg_id)
     }
 
     /// Lowers without bumping the epoch: for rows only this transaction can see yet (the

@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 struct Seen {
     key: Key,
     priorities: Vec<i16>,
+    hints: Vec<i64>,
     waiters: u32,
     depth_known: bool,
 }
@@ -33,6 +34,7 @@ pub fn run(recount: bool, current_sql: bool) -> i64 {
             .map(|e| Seen {
                 key: e.key(),
                 priorities: e.listed().0,
+                hints: e.listed().1,
                 waiters: e.waiters(),
                 depth_known: e.depth().is_some(),
             })
@@ -60,12 +62,18 @@ pub fn run(recount: bool, current_sql: bool) -> i64 {
             let known = entry.is_known();
             let mut lowered = false;
             let mut any = false;
-            for &(priority, msg_id, due) in &found {
+            for &(priority, msg_id, due, busy) in &found {
                 if let (Some(priority), Some(msg_id)) = (priority, msg_id) {
                     any = true;
-                    if entry.lower(priority, msg_id) {
+                    if entry.is_below(priority, msg_id) {
+                        entry.lower(priority, msg_id);
                         lowered = true;
-                        if known {
+                        // A correction (a missed lowering) only if the hint was above it
+                        // before the check's snapshot and nobody had the message locked: a
+                        // claim under way raises the hint past what it takes before it
+                        // commits, and a rollback lowers it right after.
+                        let before = s.priorities.iter().position(|&p| p == priority).map(|i| s.hints[i]);
+                        if known && !busy && before.is_some_and(|h| h > msg_id) {
                             entry.add_correction();
                             corrections += 1;
                         }
@@ -88,18 +96,19 @@ pub fn run(recount: bool, current_sql: bool) -> i64 {
     corrections
 }
 
-/// (priority, lowest claimable msg_id) per priority, and the earliest due time.
-fn claimable(queue: &str, priorities: &[i16]) -> Vec<(Option<i16>, Option<i64>, Option<i64>)> {
+/// (priority, lowest claimable msg_id, -, busy) per priority, and (-, -, earliest due time, -).
+#[allow(clippy::type_complexity)]
+fn claimable(queue: &str, priorities: &[i16]) -> Vec<(Option<i16>, Option<i64>, Option<i64>, bool)> {
     Spi::connect(|client| {
         client
             .select(
-                "SELECT priority, msg_id, due FROM pgqueue._claimable($1, $2)",
+                "SELECT priority, msg_id, due, busy FROM pgqueue._claimable($1, $2)",
                 None,
                 &[queue.into(), priorities.to_vec().into()],
             )?
             .map(|row| {
                 let due = row.get::<TimestampWithTimeZone>(3)?.map(pg_sys::TimestampTz::from);
-                Ok((row.get::<i16>(1)?, row.get::<i64>(2)?, due))
+                Ok((row.get::<i16>(1)?, row.get::<i64>(2)?, due, row.get::<bool>(4)?.unwrap_or(false)))
             })
             .collect::<Result<Vec<_>, pgrx::spi::Error>>()
     })
