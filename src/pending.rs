@@ -227,7 +227,7 @@ fn finish(committed: bool) {
     }
     queue_state::with_lock(true, |table| {
         for note in notes.iter() {
-            if note.reset {
+            if note.reset && !note.undone {
                 table.remove(&note.key);
                 continue;
             }
