@@ -27,4 +27,13 @@ fn every_scenario_runs_at_tiny_sizes() {
     assert!(report.renewals.iter().all(|r| r.updates >= sizes.renewals));
     assert_eq!(report.enqueue.len(), 4);
     assert!(report.enqueue.iter().all(|e| e.messages_per_s > 0.0));
+    // Two ways of pinning the horizon and the readers' control, for both systems; the queue
+    // table before, at the end of the pin and after.
+    assert_eq!(report.pinned.len(), 6);
+    assert!(report.pinned.iter().all(|r| r.windows[0].jobs_per_s > 0.0 && r.tables.len() == 3));
+    let pickup = report.pickup.expect("pickup ran");
+    assert!(pickup.latency.iter().all(|l| l.sent > 0 && l.claimed > 0));
+    assert!(pickup.idle.iter().all(|i| i.claims_per_min > 0.0));
+    assert_eq!(pickup.sends.len(), 4);
+    assert!(pickup.sends.iter().all(|s| s.messages_per_s > 0.0));
 }

@@ -9,8 +9,9 @@ use hdrhistogram::Histogram;
 use postgres::{Client, NoTls};
 use serde::Serialize;
 use serde_json::Value;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
@@ -32,6 +33,25 @@ pub struct Sizes {
     /// Messages queued per second of a throughput run (more than any consumer set drains).
     pub work_per_second: f64,
     pub pgbench_scale: u32,
+    /// Pinned horizon: consumers claiming and acking one job at a time, with about
+    /// `pin_waiting` messages kept waiting, and REPEATABLE READ readers in the second run.
+    pub pin_consumers: usize,
+    pub pin_waiting: i64,
+    pub pin_readers: usize,
+    /// How long the horizon is free, then held, then free again.
+    pub pin_phases: [Duration; 3],
+    /// Figures are kept per bucket; the pinned phase is reported per window.
+    pub pin_bucket: Duration,
+    pub pin_window: Duration,
+    /// Pickup: consumers waiting in pgq_claim (or polling), the producer's steady rate, and
+    /// how long the latency, idle and send phases run.
+    pub pickup_consumers: usize,
+    pub pickup_wait: Duration,
+    pub poll_sleep: Duration,
+    pub pickup_rate: f64,
+    pub pickup_for: Duration,
+    pub idle_for: Duration,
+    pub send_for: Duration,
 }
 
 impl Sizes {
@@ -50,6 +70,19 @@ impl Sizes {
             enqueue_messages: 200_000,
             work_per_second: 60_000.0,
             pgbench_scale: 10,
+            pin_consumers: 16,
+            pin_waiting: 5_000,
+            pin_readers: 4,
+            pin_phases: [Duration::from_secs(60), Duration::from_secs(300), Duration::from_secs(60)],
+            pin_bucket: Duration::from_secs(10),
+            pin_window: Duration::from_secs(60),
+            pickup_consumers: 64,
+            pickup_wait: Duration::from_secs(10),
+            poll_sleep: Duration::from_millis(100),
+            pickup_rate: 150.0,
+            pickup_for: Duration::from_secs(60),
+            idle_for: Duration::from_secs(30),
+            send_for: Duration::from_secs(20),
         }
     }
 
@@ -69,6 +102,19 @@ impl Sizes {
             enqueue_messages: 2_000,
             work_per_second: 10_000.0,
             pgbench_scale: 1,
+            pin_consumers: 2,
+            pin_waiting: 200,
+            pin_readers: 2,
+            pin_phases: [Duration::from_millis(500), Duration::from_secs(1), Duration::from_millis(500)],
+            pin_bucket: Duration::from_millis(250),
+            pin_window: Duration::from_millis(500),
+            pickup_consumers: 4,
+            pickup_wait: Duration::from_secs(1),
+            poll_sleep: Duration::from_millis(100),
+            pickup_rate: 50.0,
+            pickup_for: Duration::from_secs(1),
+            idle_for: Duration::from_secs(1),
+            send_for: Duration::from_millis(500),
         }
     }
 }
@@ -83,6 +129,8 @@ pub struct Report {
     pub prune: Option<Prune>,
     pub renewals: Vec<Renewals>,
     pub enqueue: Vec<Enqueue>,
+    pub pinned: Vec<PinnedRun>,
+    pub pickup: Option<Pickup>,
 }
 
 #[derive(Serialize, Clone)]
@@ -140,6 +188,83 @@ pub struct Enqueue {
     pub messages_per_s: f64,
 }
 
+/// One system under one way of holding the xmin horizon back.
+#[derive(Serialize)]
+pub struct PinnedRun {
+    pub system: String,
+    pub pin: String,
+    pub consumers: usize,
+    pub waiting: i64,
+    pub windows: Vec<PinWindow>,
+    /// The queue table before the pin, at its end, and at the end of the run.
+    pub tables: Vec<TableState>,
+    /// Scans the REPEATABLE READ readers completed, and their mean time.
+    pub reader_scans: u64,
+    pub reader_scan_ms: f64,
+}
+
+#[derive(Serialize)]
+pub struct PinWindow {
+    /// unpinned, pinned, pinned (last), released.
+    pub phase: String,
+    /// Seconds since the phase began.
+    pub from_s: f64,
+    pub to_s: f64,
+    pub jobs_per_s: f64,
+    pub claim_p50_us: u64,
+    pub claim_p99_us: u64,
+}
+
+#[derive(Serialize)]
+pub struct TableState {
+    pub when: String,
+    pub dead_tuples: i64,
+    pub bytes: i64,
+}
+
+#[derive(Serialize)]
+pub struct Pickup {
+    pub latency: Vec<PickupLatency>,
+    pub idle: Vec<IdleCost>,
+    pub sends: Vec<SendRate>,
+}
+
+/// From a send's commit (as its producer saw it return) to a consumer's claim returning it.
+#[derive(Serialize)]
+pub struct PickupLatency {
+    pub consumers: String,
+    pub sent: u64,
+    pub claimed: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// Statements per consumer per minute with nothing to claim.
+#[derive(Serialize)]
+pub struct IdleCost {
+    pub consumers: String,
+    pub seconds: f64,
+    /// pgq_claim calls, counted by the consumers.
+    pub claims_per_min: f64,
+    /// From pg_stat_statements (None without it): pgq_claim calls, the statements run
+    /// inside them, and among those the sleeps.
+    pub server_claims_per_min: Option<f64>,
+    pub inner_statements_per_min: Option<f64>,
+    pub sleeps_per_min: Option<f64>,
+}
+
+/// Single sends as fast as one producer goes, beside consumers (or none).
+#[derive(Serialize)]
+pub struct SendRate {
+    pub case: String,
+    pub messages_per_s: f64,
+    /// To the rate without consumers.
+    pub ratio: f64,
+    /// Messages the consumers claimed (and acked) per second meanwhile.
+    pub consumed_per_s: f64,
+}
+
 /// The two systems under test, behind the same four operations.
 #[derive(Clone, Copy, PartialEq)]
 pub enum System {
@@ -154,6 +279,133 @@ impl System {
             System::Baseline => "baseline",
         }
     }
+
+    /// Where its messages are.
+    fn table(self) -> &'static str {
+        match self {
+            System::Pgqueue => "pgqueue.messages",
+            System::Baseline => "bench_baseline.jobs",
+        }
+    }
+}
+
+/// How the pinned scenario holds the xmin horizon back.
+#[derive(Clone, Copy)]
+enum Pin {
+    /// A session idle in a transaction that holds an xid.
+    IdleXid,
+    /// Readers counting the queue table's rows in a loop, each keeping one REPEATABLE READ
+    /// snapshot; or, as a control (the same load, no pin), READ COMMITTED.
+    Readers { repeatable: bool },
+}
+
+/// How a pickup consumer waits for messages.
+#[derive(Clone, Copy)]
+enum Consumer {
+    /// `pgq_claim(…, wait => …)` in a loop.
+    Waiting(Duration),
+    /// `pgq_claim` without wait, sleeping this long after an empty claim.
+    Polling(Duration),
+}
+
+impl Consumer {
+    fn describe(self, n: usize) -> String {
+        match self {
+            Consumer::Waiting(wait) => format!("{n} waiting (wait {wait:?})"),
+            Consumer::Polling(sleep) => format!("{n} polling (sleep {sleep:?})"),
+        }
+    }
+}
+
+/// What a pickup consumer claimed: per message, its job number and when its claim returned
+/// (µs since the consumers' base instant).
+type Picked = Vec<(i64, u64)>;
+
+/// Pickup consumers of one queue, each on its own connection, claiming one message at a time
+/// and acking it.
+struct Consumers {
+    stop: Arc<AtomicBool>,
+    /// pgq_claim calls completed.
+    claims: Arc<AtomicU64>,
+    /// Messages claimed.
+    picked: Arc<AtomicU64>,
+    threads: Vec<(postgres::CancelToken, JoinHandle<Picked>)>,
+}
+
+impl Consumers {
+    /// `track_all`: pg_stat_statements also counts the statements inside pgq_claim.
+    fn start(bench: &Bench, n: usize, queue: &str, how: Consumer, base: Instant, track_all: bool) -> Consumers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (claims, picked) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let wait = match how {
+            Consumer::Waiting(wait) => wait,
+            Consumer::Polling(_) => Duration::ZERO,
+        };
+        let sql = format!(
+            "SELECT msg_id, claim_token, (payload->>'job')::bigint
+               FROM pgqueue.pgq_claim('{queue}', wait => '{} ms')",
+            wait.as_millis()
+        );
+        let threads = (0..n)
+            .map(|_| {
+                let mut c = bench.connect();
+                if track_all {
+                    c.batch_execute("SET pg_stat_statements.track = 'all'").unwrap();
+                }
+                let (stop, claims, picked) = (stop.clone(), claims.clone(), picked.clone());
+                let (token, sql) = (c.cancel_token(), sql.clone());
+                let thread = std::thread::spawn(move || {
+                    let claim = c.prepare(&sql).unwrap();
+                    let mut got = vec![];
+                    while !stop.load(Ordering::Relaxed) {
+                        let rows = match c.query(&claim, &[]) {
+                            Ok(rows) => rows,
+                            Err(_) if stop.load(Ordering::Relaxed) => break,
+                            Err(e) => panic!("claim: {e}"),
+                        };
+                        let at = base.elapsed().as_micros() as u64;
+                        claims.fetch_add(1, Ordering::Relaxed);
+                        let Some(row) = rows.first() else {
+                            if let Consumer::Polling(sleep) = how {
+                                std::thread::sleep(sleep);
+                            }
+                            continue;
+                        };
+                        picked.fetch_add(1, Ordering::Relaxed);
+                        got.push((row.get(2), at));
+                        let (id, token): (i64, Uuid) = (row.get(0), row.get(1));
+                        if let Err(e) = c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]) {
+                            assert!(stop.load(Ordering::Relaxed), "ack: {e}");
+                            break;
+                        }
+                    }
+                    got
+                });
+                (token, thread)
+            })
+            .collect();
+        Consumers { stop, claims, picked, threads }
+    }
+
+    /// Stops them, cancelling the claims still waiting; what they claimed.
+    fn stop(self) -> Picked {
+        self.stop.store(true, Ordering::Relaxed);
+        // A cancel that lands between two statements is lost: repeat until all are out.
+        while self.threads.iter().any(|(_, t)| !t.is_finished()) {
+            for (token, thread) in &self.threads {
+                if !thread.is_finished() {
+                    let _ = token.cancel_query(NoTls);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.threads.into_iter().flat_map(|(_, t)| t.join().unwrap()).collect()
+    }
+}
+
+/// A message as every scenario sends it.
+fn payload(job: u64) -> Value {
+    serde_json::json!({"job": job, "pad": "xxxxxxxxxxxxxxxxxxxxxxxx"})
 }
 
 const QUEUE: &str = "bench";
@@ -219,6 +471,12 @@ impl Bench {
         }
         if wants("enqueue") {
             report.enqueue = self.enqueue();
+        }
+        if wants("pinned") {
+            report.pinned = self.pinned();
+        }
+        if wants("pickup") {
+            report.pickup = Some(self.pickup());
         }
         report
     }
@@ -292,21 +550,29 @@ impl Bench {
         }
     }
 
-    /// Claims up to `qty` and acks them (a batch ack for more than one). Returns how many.
-    fn claim_and_ack(c: &mut Client, system: System, qty: i32) -> usize {
+    /// Claims up to `qty`: their ids and (pgqueue's) claim tokens.
+    fn claim(c: &mut Client, system: System, qty: i32) -> (Vec<i64>, Vec<Option<Uuid>>) {
         let rows = c.query(Self::claim_sql(system), &[&qty]).unwrap();
-        if rows.is_empty() {
-            return 0;
-        }
-        let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+        rows.iter().map(|r| (r.get::<_, i64>(0), r.get::<_, Option<Uuid>>(1))).unzip()
+    }
+
+    /// Acks what one claim returned (a batch ack).
+    fn ack(c: &mut Client, system: System, ids: &[i64], tokens: &[Option<Uuid>]) {
         match system {
             System::Pgqueue => {
-                let tokens: Vec<Uuid> = rows.iter().map(|r| r.get(1)).collect();
                 c.execute("SELECT count(*) FROM pgqueue.pgq_ack($1::bigint[], $2::uuid[])", &[&ids, &tokens]).unwrap();
             }
             System::Baseline => {
                 c.execute("DELETE FROM bench_baseline.jobs WHERE id = ANY ($1)", &[&ids]).unwrap();
             }
+        }
+    }
+
+    /// Claims up to `qty` and acks them. Returns how many.
+    fn claim_and_ack(c: &mut Client, system: System, qty: i32) -> usize {
+        let (ids, tokens) = Self::claim(c, system, qty);
+        if !ids.is_empty() {
+            Self::ack(c, system, &ids, &tokens);
         }
         ids.len()
     }
@@ -709,5 +975,339 @@ impl Bench {
             }
         }
         out
+    }
+
+    /// The queue table's dead tuples and size now.
+    fn table_state(c: &mut Client, system: System, when: &str) -> TableState {
+        let table = system.table();
+        let row = c
+            .query_one(
+                &format!("SELECT pg_stat_get_dead_tuples('{table}'::regclass), pg_total_relation_size('{table}')"),
+                &[],
+            )
+            .unwrap();
+        TableState { when: when.into(), dead_tuples: row.get(0), bytes: row.get(1) }
+    }
+
+    /// Claim + ack one job at a time while the xmin horizon is free, then held back, then
+    /// free again; both ways of holding it (and the readers' control), for both systems.
+    fn pinned(&self) -> Vec<PinnedRun> {
+        let mut runs = vec![];
+        for pin in [Pin::IdleXid, Pin::Readers { repeatable: true }, Pin::Readers { repeatable: false }] {
+            for system in [System::Pgqueue, System::Baseline] {
+                runs.push(self.pinned_run(system, pin));
+            }
+        }
+        runs
+    }
+
+    fn pinned_run(&self, system: System, pin: Pin) -> PinnedRun {
+        let s = &self.sizes;
+        let [free, held, after] = s.pin_phases;
+        let pin_name = match pin {
+            Pin::IdleXid => "idle transaction holding an xid".to_string(),
+            Pin::Readers { repeatable: true } => format!("{} REPEATABLE READ readers", s.pin_readers),
+            Pin::Readers { repeatable: false } => {
+                format!("{} READ COMMITTED readers (control: the same load, no pin)", s.pin_readers)
+            }
+        };
+        self.say(&format!(
+            "pinned: {} with {pin_name}: {free:?} free, {held:?} held, {after:?} released",
+            system.name()
+        ));
+        let mut c = self.connect();
+        self.reset(&mut c);
+        self.fill(&mut c, system, s.pin_waiting, "0");
+        Self::vacuum(&mut c);
+        let bucket = s.pin_bucket.as_secs_f64();
+        let buckets = |d: Duration| (d.as_secs_f64() / bucket).round() as usize;
+        let (pinned_at, released_at, end) = (buckets(free), buckets(free + held), buckets(free + held + after));
+        let (stop, release) = (AtomicBool::new(false), AtomicBool::new(false));
+        let acked = AtomicI64::new(0);
+        let mut tables = vec![];
+        let clients: Vec<Client> = (0..s.pin_consumers).map(|_| self.connect()).collect();
+        let mut producer = self.connect();
+        let (recorded, (reader_scans, reader_secs)) = std::thread::scope(|scope| {
+            let start = Instant::now();
+            // Per consumer and bucket (by when the claim began): jobs, claim latency in µs.
+            let consumers: Vec<_> = clients
+                .into_iter()
+                .map(|mut c| {
+                    let (stop, acked) = (&stop, &acked);
+                    scope.spawn(move || {
+                        let mut mine: Vec<(u64, Histogram<u64>)> =
+                            (0..end).map(|_| (0, Histogram::new(3).unwrap())).collect();
+                        while !stop.load(Ordering::Relaxed) {
+                            let t = Instant::now();
+                            let (ids, tokens) = Self::claim(&mut c, system, 1);
+                            let took = t.elapsed();
+                            if ids.is_empty() {
+                                std::thread::sleep(Duration::from_millis(1));
+                                continue;
+                            }
+                            Self::ack(&mut c, system, &ids, &tokens);
+                            acked.fetch_add(1, Ordering::Relaxed);
+                            let at = (t.duration_since(start).as_secs_f64() / bucket) as usize;
+                            if let Some((jobs, hist)) = mine.get_mut(at) {
+                                *jobs += 1;
+                                hist.record(took.as_micros() as u64).unwrap();
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            // The producer tops the queue up to about `pin_waiting` messages.
+            scope.spawn(|| {
+                let mut sent = s.pin_waiting;
+                while !stop.load(Ordering::Relaxed) {
+                    let short = s.pin_waiting - (sent - acked.load(Ordering::Relaxed));
+                    if short > 0 {
+                        self.fill(&mut producer, system, short.min(1_000), "0");
+                        sent += short.min(1_000);
+                    } else {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            });
+            let until = |at: Duration| std::thread::sleep(at.saturating_sub(start.elapsed()));
+            until(free);
+            tables.push(Self::table_state(&mut c, system, "before the pin"));
+            let holder = scope.spawn(|| self.hold_horizon(pin, system, &release));
+            until(free + held);
+            tables.push(Self::table_state(&mut c, system, "end of the pin"));
+            release.store(true, Ordering::Relaxed);
+            let readers = holder.join().unwrap();
+            until(free + held + after);
+            stop.store(true, Ordering::Relaxed);
+            let mut recorded: Vec<(u64, Histogram<u64>)> = (0..end).map(|_| (0, Histogram::new(3).unwrap())).collect();
+            for consumer in consumers {
+                for (all, (jobs, hist)) in recorded.iter_mut().zip(consumer.join().unwrap()) {
+                    all.0 += jobs;
+                    all.1.add(hist).unwrap();
+                }
+            }
+            (recorded, readers)
+        });
+        tables.push(Self::table_state(&mut c, system, "after"));
+        let window = |phase: &str, phase_start: usize, from: usize, to: usize| {
+            let mut hist = Histogram::<u64>::new(3).unwrap();
+            let mut jobs = 0;
+            for (n, h) in &recorded[from..to] {
+                jobs += n;
+                hist.add(h).unwrap();
+            }
+            PinWindow {
+                phase: phase.into(),
+                from_s: (from - phase_start) as f64 * bucket,
+                to_s: (to - phase_start) as f64 * bucket,
+                jobs_per_s: jobs as f64 / ((to - from) as f64 * bucket),
+                claim_p50_us: hist.value_at_quantile(0.5),
+                claim_p99_us: hist.value_at_quantile(0.99),
+            }
+        };
+        let per_window = buckets(s.pin_window).max(1);
+        let mut windows = vec![window("unpinned", 0, 0, pinned_at)];
+        for from in (pinned_at..released_at).step_by(per_window) {
+            windows.push(window("pinned", pinned_at, from, (from + per_window).min(released_at)));
+        }
+        if released_at - pinned_at > per_window {
+            windows.push(window("pinned (last)", pinned_at, released_at - per_window, released_at));
+        }
+        for from in released_at..end {
+            windows.push(window("released", released_at, from, from + 1));
+        }
+        PinnedRun {
+            system: system.name().into(),
+            pin: pin_name,
+            consumers: s.pin_consumers,
+            waiting: s.pin_waiting,
+            windows,
+            tables,
+            reader_scans,
+            reader_scan_ms: if reader_scans == 0 { 0.0 } else { reader_secs * 1000.0 / reader_scans as f64 },
+        }
+    }
+
+    /// Holds the xmin horizon back until `release`: a transaction that took an xid and sits
+    /// idle, or readers that each keep one REPEATABLE READ snapshot and count the queue
+    /// table's rows in a loop (READ COMMITTED: a new snapshot per count, the horizon moves).
+    /// Returns the readers' scans and the seconds they took.
+    fn hold_horizon(&self, pin: Pin, system: System, release: &AtomicBool) -> (u64, f64) {
+        match pin {
+            Pin::IdleXid => {
+                let mut c = self.connect();
+                c.batch_execute("BEGIN; SELECT txid_current()").unwrap();
+                while !release.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                c.batch_execute("COMMIT").unwrap();
+                (0, 0.0)
+            }
+            Pin::Readers { repeatable } => {
+                let count = format!("SELECT count(*) FROM {}", system.table());
+                let (begin, end) =
+                    if repeatable { ("BEGIN ISOLATION LEVEL REPEATABLE READ", "COMMIT") } else { ("", "") };
+                let readers: Vec<Client> = (0..self.sizes.pin_readers).map(|_| self.connect()).collect();
+                std::thread::scope(|scope| {
+                    let readers: Vec<_> = readers
+                        .into_iter()
+                        .map(|mut c| {
+                            let count = &count;
+                            scope.spawn(move || {
+                                let (t, mut scans) = (Instant::now(), 0);
+                                c.batch_execute(begin).unwrap();
+                                while !release.load(Ordering::Relaxed) {
+                                    c.query_one(count.as_str(), &[]).unwrap();
+                                    scans += 1;
+                                }
+                                c.batch_execute(end).unwrap();
+                                (scans, t.elapsed().as_secs_f64())
+                            })
+                        })
+                        .collect();
+                    readers.into_iter().map(|r| r.join().unwrap()).fold((0, 0.0), |a, r| (a.0 + r.0, a.1 + r.1))
+                })
+            }
+        }
+    }
+
+    /// Waiting claims: how soon a waiting consumer gets a message, what waiting costs with
+    /// nothing to claim, and what the waiters cost a producer.
+    fn pickup(&self) -> Pickup {
+        let mut c = self.connect();
+        let stats: bool = c
+            .query_one("SELECT current_setting('shared_preload_libraries') ~ 'pg_stat_statements'", &[])
+            .unwrap()
+            .get(0);
+        if stats {
+            c.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").unwrap();
+        }
+        let s = &self.sizes;
+        let (waiting, polling) = (Consumer::Waiting(s.pickup_wait), Consumer::Polling(s.poll_sleep));
+        let latency = [waiting, polling].map(|how| self.pickup_latency(how)).into();
+        let idle = [waiting, polling].map(|how| self.idle_cost(how, stats)).into();
+        let n = s.pickup_consumers;
+        let cases = [
+            ("no consumers".to_string(), None),
+            (format!("{n} waiting on another, empty queue"), Some(("bench_idle", waiting))),
+            (format!("{n} waiting on the same queue (consuming)"), Some((QUEUE, waiting))),
+            (format!("{n} polling the same queue (consuming)"), Some((QUEUE, polling))),
+        ];
+        let mut sends: Vec<SendRate> = vec![];
+        for (case, consumers) in cases {
+            self.say(&format!("pickup: sends with {case}"));
+            let (messages_per_s, consumed_per_s) = self.send_rate(consumers);
+            let ratio = messages_per_s / sends.first().map_or(messages_per_s, |s| s.messages_per_s);
+            sends.push(SendRate { case, messages_per_s, ratio, consumed_per_s });
+        }
+        Pickup { latency, idle, sends }
+    }
+
+    /// Sends at a steady rate, each its own commit, to consumers waiting (or polling).
+    fn pickup_latency(&self, how: Consumer) -> PickupLatency {
+        let s = &self.sizes;
+        let consumers = how.describe(s.pickup_consumers);
+        self.say(&format!("pickup: latency with {consumers}, {} sends/s", s.pickup_rate));
+        let mut c = self.connect();
+        self.reset(&mut c);
+        let base = Instant::now();
+        let fleet = Consumers::start(self, s.pickup_consumers, QUEUE, how, base, false);
+        std::thread::sleep(Duration::from_millis(500));
+        let send = c.prepare(&format!("SELECT pgqueue.pgq_send('{QUEUE}', $1)")).unwrap();
+        let total = (s.pickup_rate * s.pickup_for.as_secs_f64()) as u64;
+        // When each send's commit had returned (µs since base).
+        let mut committed = Vec::with_capacity(total as usize);
+        let began = Instant::now();
+        for job in 0..total {
+            let due = began + Duration::from_secs_f64(job as f64 / s.pickup_rate);
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            c.query_one(&send, &[&payload(job)]).unwrap();
+            committed.push(base.elapsed().as_micros() as u64);
+        }
+        let drained = Instant::now() + Duration::from_secs(2);
+        while fleet.picked.load(Ordering::Relaxed) < total && Instant::now() < drained {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let picked = fleet.stop();
+        let mut hist = Histogram::<u64>::new(3).unwrap();
+        for &(job, at) in &picked {
+            // A consumer can return before the producer hears of its commit: that is 0.
+            hist.record(at.saturating_sub(committed[job as usize])).unwrap();
+        }
+        let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+        PickupLatency {
+            consumers,
+            sent: total,
+            claimed: picked.len() as u64,
+            p50_ms: ms(0.5),
+            p99_ms: ms(0.99),
+            max_ms: hist.max() as f64 / 1000.0,
+        }
+    }
+
+    /// Consumers with nothing to claim: statements per consumer per minute.
+    fn idle_cost(&self, how: Consumer, stats: bool) -> IdleCost {
+        let s = &self.sizes;
+        let consumers = how.describe(s.pickup_consumers);
+        self.say(&format!("pickup: idle for {:?} with {consumers}", s.idle_for));
+        let mut c = self.connect();
+        self.reset(&mut c);
+        let fleet = Consumers::start(self, s.pickup_consumers, QUEUE, how, Instant::now(), stats);
+        std::thread::sleep(Duration::from_millis(500));
+        if stats {
+            c.batch_execute("SELECT pg_stat_statements_reset()").unwrap();
+        }
+        let (claims, t) = (fleet.claims.load(Ordering::Relaxed), Instant::now());
+        std::thread::sleep(s.idle_for);
+        let claims = fleet.claims.load(Ordering::Relaxed) - claims;
+        let seconds = t.elapsed().as_secs_f64();
+        let server = stats.then(|| {
+            c.query_one(
+                "SELECT coalesce(sum(calls) FILTER (WHERE toplevel AND query LIKE '%pgq_claim(%'), 0)::bigint,
+                        coalesce(sum(calls) FILTER (WHERE NOT toplevel), 0)::bigint,
+                        coalesce(sum(calls) FILTER (WHERE NOT toplevel AND query LIKE '%pgqueue._wait(%'), 0)::bigint
+                   FROM pg_stat_statements",
+                &[],
+            )
+            .unwrap()
+        });
+        fleet.stop();
+        let per_min = |calls: i64| calls as f64 / s.pickup_consumers as f64 / (seconds / 60.0);
+        let counted = |i: usize| server.as_ref().map(|r| per_min(r.get(i)));
+        IdleCost {
+            consumers,
+            seconds,
+            claims_per_min: per_min(claims as i64),
+            server_claims_per_min: counted(0),
+            inner_statements_per_min: counted(1),
+            sleeps_per_min: counted(2),
+        }
+    }
+
+    /// One producer's single sends per second, each its own commit, beside `consumers` on a
+    /// queue (or none); and the messages those claimed per second.
+    fn send_rate(&self, consumers: Option<(&str, Consumer)>) -> (f64, f64) {
+        let s = &self.sizes;
+        let mut c = self.connect();
+        self.reset(&mut c);
+        c.batch_execute("SELECT pgqueue.pgq_create_queue('bench_idle')").unwrap();
+        let fleet =
+            consumers.map(|(queue, how)| Consumers::start(self, s.pickup_consumers, queue, how, Instant::now(), false));
+        std::thread::sleep(Duration::from_millis(500));
+        let send = c.prepare(&format!("SELECT pgqueue.pgq_send('{QUEUE}', $1)")).unwrap();
+        let message = payload(0);
+        let (t, mut sent) = (Instant::now(), 0u64);
+        while t.elapsed() < s.send_for {
+            c.query_one(&send, &[&message]).unwrap();
+            sent += 1;
+        }
+        let seconds = t.elapsed().as_secs_f64();
+        let consumed = fleet.map_or(0, |fleet| {
+            let picked = fleet.picked.load(Ordering::Relaxed);
+            fleet.stop();
+            picked
+        });
+        (sent as f64 / seconds, consumed as f64 / seconds)
     }
 }

@@ -15,7 +15,8 @@ struct Args {
     /// Start a throwaway server from this pg_config's PostgreSQL (pgqueue installed in it).
     #[arg(long)]
     pg_config: Option<PathBuf>,
-    /// Scenarios: all, flatness, throughput, rescue, prune, renewals, enqueue (comma-separated).
+    /// Scenarios: all, flatness, throughput, rescue, prune, renewals, enqueue, pinned, pickup
+    /// (comma-separated).
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Tiny sizes (seconds, not minutes).
@@ -46,9 +47,19 @@ impl Server {
         }
     }
 
-    fn start(pg_config: &PathBuf) -> Server {
-        let out = Command::new(pg_config).arg("--bindir").output().expect("run pg_config");
-        let bindir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    /// `statements`: preload pg_stat_statements too, if that build has it (the pickup
+    /// scenario counts statements with it; the others run without it).
+    fn start(pg_config: &PathBuf, statements: bool) -> Server {
+        let config = |what: &str| {
+            let out = Command::new(pg_config).arg(what).output().expect("run pg_config");
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        };
+        let bindir = config("--bindir");
+        let preload = if statements && config("--pkglibdir").join("pg_stat_statements.so").exists() {
+            "pgqueue, pg_stat_statements"
+        } else {
+            "pgqueue"
+        };
         let dir = std::env::temp_dir().join(format!("pgqueue-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let _ = Command::new("chown").args(["postgres:", dir.to_str().unwrap()]).status();
@@ -64,7 +75,7 @@ impl Server {
         assert!(ok, "initdb");
         let conf = format!(
             "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
-             shared_preload_libraries = 'pgqueue'\nshared_buffers = '1GB'\nmax_connections = 200\n\
+             shared_preload_libraries = '{preload}'\nshared_buffers = '1GB'\nmax_connections = 200\n\
              max_wal_size = '8GB'\nsynchronous_commit = on\n",
             dir.display()
         );
@@ -110,14 +121,15 @@ impl Drop for Server {
 
 fn main() {
     let args = Args::parse();
-    let server = args.pg_config.as_ref().map(Server::start);
+    let scenarios: Vec<&str> = args.scenarios.split(',').map(str::trim).collect();
+    let statements = scenarios.iter().any(|s| ["all", "pickup"].contains(s));
+    let server = args.pg_config.as_ref().map(|pg_config| Server::start(pg_config, statements));
     let dsn = match (&args.dsn, &server) {
         (Some(dsn), _) => dsn.clone(),
         (None, Some(s)) => s.dsn(),
         (None, None) => panic!("give --dsn or --pg-config"),
     };
     let sizes = if args.smoke { Sizes::smoke() } else { Sizes::full() };
-    let scenarios: Vec<&str> = args.scenarios.split(',').map(str::trim).collect();
     let report = Bench::new(&dsn, sizes, true).run(&scenarios);
     std::fs::create_dir_all(&args.out).unwrap();
     std::fs::write(args.out.join("results.json"), serde_json::to_string_pretty(&report).unwrap()).unwrap();
@@ -182,6 +194,67 @@ fn print(r: &Report) {
         println!("\nenqueue\n| method | per call | messages/s |\n|---|---|---|");
         for e in &r.enqueue {
             println!("| {} | {} | {:.0} |", e.method, e.per_call, e.messages_per_s);
+        }
+    }
+    for run in &r.pinned {
+        println!(
+            "\npinned horizon: {}, {}; {} consumers claiming and acking one at a time, ~{} waiting",
+            run.system, run.pin, run.consumers, run.waiting
+        );
+        println!(
+            "| window | jobs/s | claim p50 µs | claim p99 µs | jobs/s ÷ unpinned | p50 ÷ unpinned |\n|---|---|---|---|---|---|"
+        );
+        let free = &run.windows[0];
+        for w in &run.windows {
+            println!(
+                "| {} {}–{} s | {:.0} | {} | {} | {:.0} % | {:.2} |",
+                w.phase,
+                w.from_s,
+                w.to_s,
+                w.jobs_per_s,
+                w.claim_p50_us,
+                w.claim_p99_us,
+                100.0 * w.jobs_per_s / free.jobs_per_s.max(f64::MIN_POSITIVE),
+                w.claim_p50_us as f64 / free.claim_p50_us.max(1) as f64
+            );
+        }
+        println!("| table | dead tuples | size |\n|---|---|---|");
+        for t in &run.tables {
+            println!("| {} | {} | {:.1} MB |", t.when, t.dead_tuples, t.bytes as f64 / 1e6);
+        }
+        if run.reader_scans > 0 {
+            println!("readers: {} scans, {:.1} ms each on average", run.reader_scans, run.reader_scan_ms);
+        }
+    }
+    if let Some(p) = &r.pickup {
+        println!("\npickup latency (a send's commit returned -> a claim returned it)");
+        println!("| consumers | sent | claimed | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|");
+        for l in &p.latency {
+            println!(
+                "| {} | {} | {} | {:.2} | {:.2} | {:.2} |",
+                l.consumers, l.sent, l.claimed, l.p50_ms, l.p99_ms, l.max_ms
+            );
+        }
+        let stat = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        println!("\nidle (nothing sent): per consumer per minute");
+        println!(
+            "| consumers | seconds | pgq_claim calls (client) | pgq_claim calls (pg_stat_statements) | statements inside them | sleeps among those |\n|---|---|---|---|---|---|"
+        );
+        for i in &p.idle {
+            println!(
+                "| {} | {:.0} | {:.1} | {} | {} | {} |",
+                i.consumers,
+                i.seconds,
+                i.claims_per_min,
+                stat(i.server_claims_per_min),
+                stat(i.inner_statements_per_min),
+                stat(i.sleeps_per_min)
+            );
+        }
+        println!("\nsends (one producer, single messages, each its own commit)");
+        println!("| beside | messages/s | ÷ no consumers | consumed/s |\n|---|---|---|---|");
+        for s in &p.sends {
+            println!("| {} | {:.0} | {:.0} % | {:.0} |", s.case, s.messages_per_s, s.ratio * 100.0, s.consumed_per_s);
         }
     }
 }
