@@ -549,8 +549,8 @@ impl Entry {
 }
 
 /// Starts a re-arm pass of this database, unless no lease can have ended yet (the earliest
-/// lease end known is after `now`; `force` starts one anyway). Returns where claimed messages
-/// start (i64::MIN: unknown, from the start) and the pass's number for `end_pass`.
+/// lease end known is after `now`; `force` starts one anyway, from the start). Returns where
+/// claimed messages start (i64::MIN: unknown, from the start) and the pass's number.
 ///
 /// Why: the pass walks the in-flight index, and a pinned xmin horizon keeps there the entries
 /// of every message finished since. Starting past them, and only when a lease may have ended,
@@ -565,7 +565,9 @@ pub fn start_pass(now: i64, force: bool) -> Option<(i64, u64)> {
         e.pass += 1;
         e.floor_since = i64::MAX;
         e.expiry_since = i64::MAX;
-        Some((e.claimed_floor, e.pass))
+        // A forced pass starts from the start too: it is the one that finds claims written
+        // around the API (a restore's COPY, an UPDATE of pgqueue.messages).
+        Some((if force { i64::MIN } else { e.claimed_floor }, e.pass))
     })
     .unwrap_or(Some((i64::MIN, 0)))
 }

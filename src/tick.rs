@@ -66,8 +66,8 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     }
     let current_sql = step(bracket, &mut out, "rearm", sql_is_current).unwrap_or(false);
     let prune_now = plan.all_steps && prune_due(bracket, &mut out);
-    // At the prune cadence a pass runs even if no lease seems to have ended: leases changed
-    // around the API (an UPDATE of pgqueue.messages) are re-armed then.
+    // At the prune cadence a pass runs from the start even if no lease seems to have ended:
+    // claims and leases written around the API (a restore, an UPDATE) are re-armed then.
     rescue(bracket, &mut out, pass, current_sql, prune_now);
     if plan.all_steps {
         // After promote and re-arm, whose commits it then finds announced already. Depths
