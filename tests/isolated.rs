@@ -303,7 +303,12 @@ fn repeatedly_blocked_pruning_backs_off() {
 fn pgq_tick_does_a_ticks_work_in_the_calling_session() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     common::disable_worker();
-    let mut c = connect();
+    // A database of its own: one tick's re-arm pass has a time budget, which the claims
+    // other tests leave in flight could use up before it reaches this test's.
+    let db = unique_queue("tickdb");
+    connect().batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+    let mut c = common::connect_to(&db);
+    c.batch_execute("CREATE EXTENSION pgqueue").unwrap();
     let q = unique_queue("tick");
     c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
     c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap();
@@ -324,6 +329,8 @@ fn pgq_tick_does_a_ticks_work_in_the_calling_session() {
     assert_eq!(ready, 2, "the expired claim re-armed and the due message promoted");
     let after: i64 = c.query_one("SELECT ticks FROM pgqueue.worker_stats", &[]).unwrap().get(0);
     assert!(after > before, "the tick is counted");
+    drop(c);
+    connect().batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).unwrap();
 }
 
 /// Index entries of `messages_claimed_idx` read so far (by this cluster).
@@ -368,14 +375,21 @@ fn a_pinned_horizon_does_not_make_the_rearm_pass_walk_dead_entries() {
     c.execute("SELECT count(*) FROM pgqueue.pgq_claim($1, 1, '1 s')", &[&q]).unwrap();
     c.execute("SELECT pgqueue.pgq_tick()", &[]).unwrap();
     std::thread::sleep(Duration::from_millis(1500));
+    // Keep the prune cadence (1 s here), whose pass starts from the start on purpose, out of
+    // the five ticks.
+    c.execute("UPDATE pgqueue.worker_state SET last_prune_at = now() + interval '1 hour'", &[]).unwrap();
     let rearmed =
         |c: &mut Client| -> i64 { c.query_one("SELECT rearmed FROM pgqueue.worker_stats", &[]).unwrap().get(0) };
     let (before, rearmed_before) = (claimed_idx_reads(&mut c), rearmed(&mut c));
     // The first of these re-arms the expired claim, walking the live claims only; the others
     // find that no lease can have ended and walk nothing.
     for _ in 0..5 {
-        let failed: Vec<String> =
-            c.query("SELECT step || ': ' || error FROM pgqueue.pgq_tick()", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+        let failed: Vec<String> = c
+            .query("SELECT step || ': ' || error FROM pgqueue.pgq_tick()", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         assert!(failed.is_empty(), "{failed:?}");
     }
     let read = claimed_idx_reads(&mut c) - before;
@@ -389,8 +403,10 @@ fn a_pinned_horizon_does_not_make_the_rearm_pass_walk_dead_entries() {
         )
         .map(|_| claimed_idx_reads(&mut c) - before - read)
         .unwrap();
-    let shared: String =
-        c.query_one("SELECT coalesce((SELECT row(s.*)::text FROM pgqueue.shared_state s), 'none')", &[]).unwrap().get(0);
+    let shared: String = c
+        .query_one("SELECT coalesce((SELECT row(s.*)::text FROM pgqueue.shared_state s), 'none')", &[])
+        .unwrap()
+        .get(0);
     pin.batch_execute("ROLLBACK").unwrap();
     drop((pin, c));
     connect().batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).unwrap();
