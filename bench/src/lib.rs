@@ -583,6 +583,19 @@ impl Bench {
         c.batch_execute(sql).unwrap();
         c.batch_execute("SELECT pg_reload_conf()").unwrap();
         std::thread::sleep(Duration::from_millis(1500));
+        if !on {
+            // A tick under way finishes all its steps (a prune among them): until none ticks.
+            let last = |c: &mut Client| -> Option<String> {
+                c.query_one("SELECT last_tick_at::text FROM pgqueue.worker_state", &[]).unwrap().get(0)
+            };
+            for _ in 0..20 {
+                let before = last(c);
+                std::thread::sleep(Duration::from_millis(1500));
+                if last(c) == before {
+                    break;
+                }
+            }
+        }
     }
 
     fn vacuum(c: &mut Client) {
