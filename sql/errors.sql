@@ -183,3 +183,63 @@ BEGIN
     PERFORM pgqueue._check_payload_size(largest);
 END
 $$;
+
+-- Unique jobs: a key of 1 to 512 characters (NULL: none) and how long it stays taken after
+-- the message finishes: 0 to 365 days.
+CREATE FUNCTION pgqueue._check_dedup(dedup_key text, dedup_for interval, argument text DEFAULT 'dedup_key')
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF pg_catalog.length(dedup_key) NOT BETWEEN 1 AND 512 THEN
+        PERFORM pgqueue._invalid(argument, pg_catalog.format('a key of %s characters; 1 to 512', pg_catalog.length(dedup_key)));
+    END IF;
+    IF pgqueue._require(dedup_for, 'dedup_for') < interval '0' OR dedup_for > interval '365 days' THEN
+        PERFORM pgqueue._invalid('dedup_for', pg_catalog.format('%s is not between 0 and 365 days', dedup_for));
+    END IF;
+END
+$$;
+
+-- Schedule names: 1 to 100 letters, digits and _ . : / - (not starting with a punctuation mark).
+CREATE FUNCTION pgqueue._check_schedule_name(name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF pgqueue._require(name, 'name') !~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,99}$' THEN
+        PERFORM pgqueue._invalid('name', pg_catalog.format(
+            '%L is not a schedule name (1 to 100 letters, digits or _ . : / -, starting with a letter, digit or _)',
+            pg_catalog.left(name, 120)));
+    END IF;
+    RETURN name;
+END
+$$;
+
+-- A cron pattern (src/schedule.rs says which: the offending field is named) and an IANA time
+-- zone name.
+CREATE FUNCTION pgqueue._check_cron(cron text, time_zone text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    problem text := pgqueue._cron_problem(pgqueue._require(cron, 'cron'));
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM pgqueue._invalid('cron', pg_catalog.format('%L: %s', cron, problem));
+    END IF;
+    problem := pgqueue._time_zone_problem(pgqueue._require(time_zone, 'time_zone'));
+    IF problem IS NOT NULL THEN
+        PERFORM pgqueue._invalid('time_zone', problem);
+    END IF;
+END
+$$;
+
+-- The schedule's row, locked for the change that follows; 42704 when it does not exist.
+CREATE FUNCTION pgqueue._schedule(name text) RETURNS pgqueue.schedules
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    s pgqueue.schedules;
+BEGIN
+    SELECT * INTO s FROM pgqueue.schedules sc WHERE sc.name = _schedule.name FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM pgqueue._check_schedule_name(name);
+        RAISE EXCEPTION 'pgqueue: schedule "%" does not exist', name USING ERRCODE = 'undefined_object';
+    END IF;
+    RETURN s;
+END
+$$;

@@ -17,7 +17,16 @@ BEGIN
          USING unnest(msg_ids, claim_tokens) AS u(id, token)
          WHERE m.msg_id = u.id AND (claim_tokens IS NULL OR (m.claim_token = u.token AND m.state = 'claimed'))
         RETURNING m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
-                  m.last_error
+                  m.last_error, m.dedup_key
+    ), released AS (
+        -- Unique jobs: a finished message's key is free again, or kept for its hold.
+        DELETE FROM pgqueue.dedup_keys d USING gone g
+         WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
+           AND d.msg_id = g.msg_id AND d.hold = interval '0'
+    ), held AS (
+        UPDATE pgqueue.dedup_keys d SET expires_at = now() + d.hold FROM gone g
+         WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
+           AND d.msg_id = g.msg_id AND d.hold > interval '0'
     ), kept AS (
         INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, headers,
                                      enqueued_at, last_error)

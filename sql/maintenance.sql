@@ -244,6 +244,24 @@ BEGIN
 END
 $$;
 
+-- Step "keys" (at the prune cadence): unique-job keys whose hold has ended are deleted, up
+-- to max_rows (a send would take such a key over anyway; this keeps the table small).
+CREATE FUNCTION pgqueue._expire_dedup_keys(max_rows integer) RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH expired AS (
+        SELECT d.queue, d.dedup_key FROM pgqueue.dedup_keys d
+         WHERE d.expires_at <= clock_timestamp()
+         ORDER BY d.expires_at LIMIT max_rows
+           FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM pgqueue.dedup_keys d USING expired e
+         WHERE d.queue = e.queue AND d.dedup_key = e.dedup_key
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone;
+END;
+
 -- Adds one tick's counts (a jsonb of counter => increment, plus "error" and flags) to the
 -- worker_state row.
 CREATE FUNCTION pgqueue._record_tick(counts jsonb) RETURNS void
@@ -278,6 +296,12 @@ BEGIN ATOMIC
         prune_error = prune_error + coalesce((counts->>'prune_error')::bigint, 0),
         pruned_rows = pruned_rows + coalesce((counts->>'pruned_rows')::bigint, 0),
         hint_corrections = hint_corrections + coalesce((counts->>'hint_corrections')::bigint, 0),
+        schedule_failures = schedule_failures + coalesce((counts->>'schedule_failures')::bigint, 0),
+        keys_failures = keys_failures + coalesce((counts->>'keys_failures')::bigint, 0),
+        scheduled_runs = scheduled_runs + coalesce((counts->>'scheduled_runs')::bigint, 0),
+        missed_runs = missed_runs + coalesce((counts->>'missed_runs')::bigint, 0),
+        schedule_errors = schedule_errors + coalesce((counts->>'schedule_errors')::bigint, 0),
+        keys_expired = keys_expired + coalesce((counts->>'keys_expired')::bigint, 0),
         last_error = coalesce(counts->>'error', last_error),
         last_error_at = CASE WHEN counts ? 'error' THEN now() ELSE last_error_at END;
 END;

@@ -4,8 +4,8 @@ REVOKE ALL ON ALL TABLES IN SCHEMA pgqueue FROM PUBLIC;
 GRANT USAGE ON SCHEMA pgqueue TO pgqueue_producer, pgqueue_consumer, pgqueue_admin;
 
 GRANT EXECUTE ON FUNCTION
-    pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb),
-    pgqueue.pgq_send_batch(text, jsonb[], interval, smallint, jsonb)
+    pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb, text, interval),
+    pgqueue.pgq_send_batch(text, jsonb[], interval, smallint, jsonb, text[], interval)
 TO pgqueue_producer;
 
 GRANT EXECUTE ON FUNCTION
@@ -27,10 +27,15 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_redrive(text, bigint[]),
     pgqueue.pgq_rearm(integer, text),
     pgqueue.pgq_prune(text),
-    pgqueue.pgq_tick()
+    pgqueue.pgq_tick(),
+    pgqueue.pgq_schedule(text, text, text, jsonb, text, smallint, jsonb, boolean, text, interval),
+    pgqueue.pgq_unschedule(text, boolean),
+    pgqueue.pgq_pause_schedule(text),
+    pgqueue.pgq_resume_schedule(text)
 TO pgqueue_admin;
-GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats, pgqueue.queue_depth, pgqueue.shared_state
+GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats, pgqueue.queue_depth, pgqueue.shared_state,
+    pgqueue.schedule_stats
     TO pgqueue_admin, pg_monitor;
 GRANT EXECUTE ON FUNCTION pgqueue._queue_depth(), pgqueue._shared_state() TO pgqueue_admin, pg_monitor;
 
-GRANT EXECUTE ON FUNCTION pgqueue.pgq_version() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION pgqueue.pgq_version(), pgqueue.pgq_cron_next(text, text, timestamptz, integer) TO PUBLIC;

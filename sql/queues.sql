@@ -131,6 +131,7 @@ BEGIN
                   HINT = 'Wait for the consumers to finish, or pass force => true.';
     END IF;
     DELETE FROM pgqueue.messages m WHERE m.queue = pgq_drop_queue.queue;
+    DELETE FROM pgqueue.dedup_keys d WHERE d.queue = pgq_drop_queue.queue;
     DELETE FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue;
     PERFORM pgqueue._reset_queue(queue);  -- at commit; its waiting claims then find it gone
     -- Dropping a partition locks pgqueue.history exclusively: wait for that at most

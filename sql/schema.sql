@@ -45,6 +45,7 @@ CREATE TABLE pgqueue.messages (
     last_error       text,
     session_pid      integer,      -- session-bound claims: the claiming backend ...
     session_started  timestamptz,  -- ... and its start time (pids are reused)
+    dedup_key        text,         -- unique jobs: the key this message holds (pgqueue.dedup_keys)
     CONSTRAINT messages_session_only_when_claimed CHECK (session_pid IS NULL OR state = 'claimed'),
     CONSTRAINT messages_delayed_has_due_time CHECK ((state = 'delayed') = (visible_at IS NOT NULL)),
     CONSTRAINT messages_claimed_has_lease
@@ -65,6 +66,47 @@ CREATE INDEX messages_claimed_idx ON pgqueue.messages (msg_id)
 -- scanning every claim.
 CREATE INDEX messages_session_idx ON pgqueue.messages (session_pid)
     WHERE state = 'claimed' AND session_pid IS NOT NULL;
+
+-- Unique jobs: one row per (queue, key) taken by a send with a dedup_key. The primary key is
+-- what keeps a second copy out, under any concurrency. expires_at is NULL while the message
+-- waits or runs; when it finishes, the key is released (hold 0) or kept until now() + hold.
+CREATE TABLE pgqueue.dedup_keys (
+    queue      text NOT NULL,
+    dedup_key  text NOT NULL,
+    msg_id     bigint NOT NULL,
+    hold       interval NOT NULL,
+    expires_at timestamptz,
+    PRIMARY KEY (queue, dedup_key)
+);
+-- For the tick that deletes expired keys.
+CREATE INDEX dedup_keys_expiry_idx ON pgqueue.dedup_keys (expires_at) WHERE expires_at IS NOT NULL;
+
+-- Periodic schedules (sql/schedule.sql). The worker fires each due one: it enqueues the run
+-- and advances next_run in one transaction. next_run NULL: the pattern has no further time.
+CREATE TABLE pgqueue.schedules (
+    name          text PRIMARY KEY,
+    queue         text NOT NULL,  -- no foreign key: a dropped queue is reported at the next run
+    cron          text NOT NULL,
+    time_zone     text NOT NULL DEFAULT 'UTC',
+    payload       jsonb NOT NULL,
+    headers       jsonb,
+    priority      smallint NOT NULL DEFAULT 0,
+    paused        boolean NOT NULL DEFAULT false,
+    missed        text NOT NULL DEFAULT 'skip' CHECK (missed IN ('skip', 'catch_up')),
+    grace         interval NOT NULL DEFAULT '1 minute',
+    next_run      timestamptz,
+    last_run      timestamptz,    -- the slot of the latest run enqueued
+    last_fired_at timestamptz,    -- when it was enqueued
+    last_msg_id   bigint,
+    runs          bigint NOT NULL DEFAULT 0,
+    missed_runs   bigint NOT NULL DEFAULT 0,
+    failures      bigint NOT NULL DEFAULT 0,
+    last_error    text,
+    last_error_at timestamptz,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+-- A tick with nothing due reads this index and not the table.
+CREATE INDEX schedules_due_idx ON pgqueue.schedules (next_run) WHERE NOT paused;
 
 -- Completed and dead-lettered messages, kept for each queue's retention. Partitioned by
 -- queue, then by day of finished_at, so pruning drops whole partitions instead of
@@ -90,6 +132,8 @@ CREATE TABLE pgqueue.history (
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.queues', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages_msg_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.dedup_keys', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.schedules', '');
 
 -- Prune backoff: queues whose pruning was blocked or skipped repeatedly wait a while.
 CREATE TABLE pgqueue.prune_state (
@@ -132,6 +176,12 @@ CREATE TABLE pgqueue.worker_state (
     last_error           text,
     last_error_at        timestamptz,
     reconcile_failures   bigint NOT NULL DEFAULT 0,
-    hint_corrections     bigint NOT NULL DEFAULT 0  -- claim hints the tick found too high
+    hint_corrections     bigint NOT NULL DEFAULT 0, -- claim hints the tick found too high
+    schedule_failures    bigint NOT NULL DEFAULT 0,
+    keys_failures        bigint NOT NULL DEFAULT 0,
+    scheduled_runs       bigint NOT NULL DEFAULT 0, -- runs enqueued by schedules
+    missed_runs          bigint NOT NULL DEFAULT 0, -- slots passed over (see pgq_schedule's missed)
+    schedule_errors      bigint NOT NULL DEFAULT 0, -- runs whose enqueue failed
+    keys_expired         bigint NOT NULL DEFAULT 0  -- dedup keys deleted after their hold
 );
 INSERT INTO pgqueue.worker_state DEFAULT VALUES;

@@ -1,12 +1,39 @@
 -- Producers: enqueue one message or many. Messages are visible at commit (plus delay);
 -- pgqueue._note tells the shared state at commit (claim hints, waiting claims, depths).
 
+-- Unique jobs: takes `dedup_key` in `queue` for message `msg_id`, unless a message holds it
+-- (waiting, delayed or claimed, or finished less than its hold ago). Returns the msg_id that
+-- holds the key: msg_id itself if it was free. A concurrent send of the same key waits here
+-- until this transaction ends (the primary key's insert), so exactly one of them takes it;
+-- a rolled-back send leaves it free. The existing row is locked even when it is kept, so the
+-- msg_id read next is the one that holds it.
+CREATE FUNCTION pgqueue._take_key(queue text, dedup_key text, msg_id bigint, hold interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_variable
+DECLARE
+    holder bigint;
+BEGIN
+    INSERT INTO pgqueue.dedup_keys AS d (queue, dedup_key, msg_id, hold)
+    VALUES (queue, dedup_key, msg_id, hold)
+    ON CONFLICT ON CONSTRAINT dedup_keys_pkey DO UPDATE
+       SET msg_id = excluded.msg_id, hold = excluded.hold, expires_at = NULL
+     WHERE d.expires_at <= pg_catalog.clock_timestamp()
+    RETURNING d.msg_id INTO holder;
+    IF holder IS NULL THEN
+        SELECT d.msg_id INTO holder FROM pgqueue.dedup_keys d WHERE d.queue = queue AND d.dedup_key = dedup_key;
+    END IF;
+    RETURN holder;
+END
+$$;
+
 CREATE FUNCTION pgqueue.pgq_send_batch(
     queue text,
     payloads jsonb[],
     delay interval DEFAULT '0',
     priority smallint DEFAULT 0,
-    headers jsonb DEFAULT NULL
+    headers jsonb DEFAULT NULL,
+    dedup_keys text[] DEFAULT NULL,
+    dedup_for interval DEFAULT '0'
 ) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
@@ -21,6 +48,20 @@ BEGIN
         PERFORM pgqueue._invalid('payloads', pg_catalog.format(
             '%s messages in one call; at most 10000', pg_catalog.cardinality(payloads)));
     END IF;
+    IF dedup_keys IS NOT NULL THEN
+        -- Keyed: one send each, in array order (a key repeated in the batch returns the
+        -- first one's id).
+        IF pg_catalog.cardinality(dedup_keys) <> pg_catalog.cardinality(payloads) THEN
+            PERFORM pgqueue._invalid('dedup_keys', pg_catalog.format(
+                '%s keys for %s payloads', pg_catalog.cardinality(dedup_keys), pg_catalog.cardinality(payloads)));
+        END IF;
+        PERFORM pgqueue._check_dedup(k, dedup_for, 'dedup_keys') FROM unnest(dedup_keys) k;
+        RETURN QUERY
+        SELECT pgqueue.pgq_send(q.queue, u.p, delay, priority, headers, u.k, dedup_for)
+          FROM unnest(payloads, dedup_keys) WITH ORDINALITY AS u(p, k, n) ORDER BY u.n;
+        RETURN;
+    END IF;
+    PERFORM pgqueue._check_dedup(NULL, dedup_for);
     due := CASE WHEN delay > interval '0' THEN now() + delay END;
     RETURN QUERY
     WITH sent AS (
@@ -43,7 +84,9 @@ CREATE FUNCTION pgqueue.pgq_send(
     payload jsonb,
     delay interval DEFAULT '0',
     priority smallint DEFAULT 0,
-    headers jsonb DEFAULT NULL
+    headers jsonb DEFAULT NULL,
+    dedup_key text DEFAULT NULL,
+    dedup_for interval DEFAULT '0'
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
@@ -51,13 +94,27 @@ DECLARE
     q pgqueue.queues := pgqueue._lock_queue(queue);
     due timestamptz;
     id bigint;
+    holder bigint;
 BEGIN
     PERFORM pgqueue._check_payload(payload);
     PERFORM pgqueue._check_delay(pgqueue._require(delay, 'delay'), 'delay');
     PERFORM pgqueue._check_priority(priority);
+    IF dedup_key IS NOT NULL OR dedup_for IS DISTINCT FROM interval '0' THEN
+        PERFORM pgqueue._check_dedup(dedup_key, dedup_for);
+    END IF;
+    IF dedup_key IS NOT NULL THEN
+        -- The id is drawn first: the key row names the message that holds it.
+        id := pg_catalog.nextval('pgqueue.messages_msg_id_seq');
+        holder := pgqueue._take_key(q.queue, dedup_key, id, dedup_for);
+        IF holder <> id THEN
+            RETURN holder;  -- taken: no second copy
+        END IF;
+    END IF;
     due := CASE WHEN delay > interval '0' THEN now() + delay END;
-    INSERT INTO pgqueue.messages (queue, state, priority, payload, headers, visible_at)
-    VALUES (q.queue, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END, priority, payload, headers, due)
+    INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, visible_at, dedup_key)
+    OVERRIDING SYSTEM VALUE
+    VALUES (coalesce(id, pg_catalog.nextval('pgqueue.messages_msg_id_seq')), q.queue,
+            CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END, priority, payload, headers, due, dedup_key)
     RETURNING msg_id INTO id;
     PERFORM pgqueue._note(q.queue, 1, NULL, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END,
                           priority, id, id, due);

@@ -31,8 +31,19 @@ SELECT current_database() AS database,
        w.promoted, w.orphans_expired, w.rearmed, w.dead_lettered, w.rescue_batches, w.rescue_rows,
        w.partitions_created, w.prune_pruned, w.prune_noop, w.prune_blocked,
        w.prune_skipped_active, w.prune_backed_off, w.prune_error, w.pruned_rows,
-       w.last_error, w.last_error_at, w.reconcile_failures, w.hint_corrections
+       w.last_error, w.last_error_at, w.reconcile_failures, w.hint_corrections,
+       w.schedule_failures, w.keys_failures, w.scheduled_runs, w.missed_runs, w.schedule_errors, w.keys_expired
   FROM pgqueue.worker_state w;
+
+-- Every schedule: when it runs next, its last run (the slot) and how late that was enqueued,
+-- counts, and its last error. Times of day are the caller's TimeZone; next_run_local is in
+-- the schedule's own zone.
+CREATE VIEW pgqueue.schedule_stats AS
+SELECT s.name, s.queue, s.cron, s.time_zone, s.paused, s.missed, s.grace,
+       s.next_run, s.next_run AT TIME ZONE s.time_zone AS next_run_local,
+       s.last_run, s.last_fired_at - s.last_run AS last_lateness, s.last_msg_id,
+       s.runs, s.missed_runs, s.failures, s.last_error, s.last_error_at, s.created_at
+  FROM pgqueue.schedules s;
 
 -- A queue's exact depth by state (what the tick recounts the shared depths from).
 CREATE FUNCTION pgqueue._depth(queue text, OUT ready bigint, OUT delayed bigint, OUT claimed bigint)

@@ -5,6 +5,7 @@
 //! `tick` what it does. The shared-memory core: `queue_state` (per-queue hints, due times,
 //! depths and wake-ups), `pending` (what a transaction changes there at commit or abort),
 //! `claim` and `wait` (the claim's side of it), `reconcile` (the tick's check of it).
+//! `schedule` computes the times of periodic schedules, which the tick fires.
 
 use pgrx::prelude::*;
 
@@ -13,12 +14,13 @@ mod guc;
 mod pending;
 mod queue_state;
 mod reconcile;
+mod schedule;
 mod schema;
 mod tick;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.3.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.4.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -54,7 +56,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.3.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.4.0".into())));
     }
 
     #[pg_test]

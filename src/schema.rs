@@ -8,7 +8,8 @@ pgrx::extension_sql_file!("../sql/queues.sql", name = "queues", requires = ["err
 pgrx::extension_sql_file!("../sql/send.sql", name = "send", requires = ["queues"]);
 pgrx::extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["send"]);
 pgrx::extension_sql_file!("../sql/finish.sql", name = "finish", requires = ["claim"]);
-pgrx::extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["finish"]);
+pgrx::extension_sql_file!("../sql/schedule.sql", name = "schedule", requires = ["finish"]);
+pgrx::extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["schedule"]);
 pgrx::extension_sql_file!(
     "../sql/stats.sql",
     name = "stats",

@@ -53,6 +53,10 @@ impl Outcome {
 /// Runs one tick. `pass` is the re-arm pass under way, if the previous tick left one.
 pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     let mut out = Outcome::default();
+    let level = sql_level(bracket, &mut out);
+    if plan.all_steps && level >= SQL_SCHEDULES {
+        fire_schedules(bracket, &mut out);
+    }
     if plan.all_steps {
         if let Some(n) = step(bracket, &mut out, "promote", || one("SELECT pgqueue._promote_all(10000)")) {
             out.add("promoted", n);
@@ -64,7 +68,7 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
             }
         }
     }
-    let current_sql = step(bracket, &mut out, "rearm", sql_is_current).unwrap_or(false);
+    let current_sql = level >= SQL_SHARED_STATE;
     let prune_now = plan.all_steps && prune_due(bracket, &mut out);
     // At the prune cadence a pass runs from the start even if no lease seems to have ended:
     // claims and leases written around the API (a restore, an UPDATE) are re-armed then.
@@ -86,6 +90,11 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
                 out.add(&format!("prune_{outcome}"), n);
                 out.add("pruned_rows", removed);
             }
+        }
+        if level >= SQL_SCHEDULES
+            && let Some(n) = step(bracket, &mut out, "keys", || one("SELECT pgqueue._expire_dedup_keys(100000)"))
+        {
+            out.add("keys_expired", n);
         }
         pruned = true;
     }
@@ -182,6 +191,34 @@ fn rescue(bracket: Bracket, out: &mut Outcome, pass: &mut Pass, current_sql: boo
     }
 }
 
+/// Due schedules, 50 a transaction (each schedule is a subtransaction: see
+/// `_fire_schedules`), until none is left or the rescue pass budget is used up.
+fn fire_schedules(bracket: Bracket, out: &mut Outcome) {
+    let start = Instant::now();
+    loop {
+        let Some((fired, missed, failed, more)) = step(bracket, out, "schedule", || {
+            Spi::connect(|client| {
+                let row = client.select("SELECT * FROM pgqueue._fire_schedules(50)", Some(1), &[])?.first();
+                Ok::<_, pgrx::spi::Error>((
+                    row.get::<i64>(1)?.unwrap_or(0),
+                    row.get::<i64>(2)?.unwrap_or(0),
+                    row.get::<i64>(3)?.unwrap_or(0),
+                    row.get::<bool>(4)?.unwrap_or(false),
+                ))
+            })
+            .unwrap_or_else(|e| error!("{e}"))
+        }) else {
+            break;
+        };
+        out.add("scheduled_runs", fired);
+        out.add("missed_runs", missed);
+        out.add("schedule_errors", failed);
+        if !more || start.elapsed() >= guc::rescue_pass_budget() {
+            break;
+        }
+    }
+}
+
 fn prune_due(bracket: Bracket, out: &mut Outcome) -> bool {
     let interval = guc::prune_interval().as_secs_f64();
     step(bracket, out, "prune", || {
@@ -235,20 +272,30 @@ fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
     });
 }
 
-/// Whether this database runs this release's SQL: until ALTER EXTENSION UPDATE, this library
-/// may run an earlier release's, whose commits announce nothing to the shared state.
-fn sql_is_current() -> bool {
+/// Which release's SQL this database runs: until ALTER EXTENSION UPDATE, this library may
+/// run an earlier release's, whose commits announce nothing to the shared state (before
+/// 0.3.0) and which has no schedules (before 0.4.0). Known by the functions it has.
+const SQL_SHARED_STATE: u8 = 3;
+const SQL_SCHEDULES: u8 = 4;
+
+fn sql_level(bracket: Bracket, out: &mut Outcome) -> u8 {
     thread_local! {
-        static CURRENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        static LEVEL: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
     }
-    if !CURRENT.get() {
-        let current =
-            Spi::get_one::<bool>("SELECT to_regprocedure('pgqueue._claimable(text, smallint[])') IS NOT NULL")
-                .unwrap_or_else(|e| error!("{e}"))
-                .unwrap_or(false);
-        CURRENT.set(current);
+    if LEVEL.get() < SQL_SCHEDULES {
+        let level = step(bracket, out, "rearm", || {
+            Spi::get_one::<i32>(
+                "SELECT CASE WHEN to_regprocedure('pgqueue._fire_schedules(integer, timestamptz)') IS NOT NULL THEN 4
+                             WHEN to_regprocedure('pgqueue._claimable(text, smallint[])') IS NOT NULL THEN 3
+                             ELSE 0 END",
+            )
+            .unwrap_or_else(|e| error!("{e}"))
+            .unwrap_or(0)
+        })
+        .unwrap_or(0);
+        LEVEL.set(level as u8);
     }
-    CURRENT.get()
+    LEVEL.get()
 }
 
 fn one(sql: &str) -> i64 {

@@ -50,11 +50,13 @@ fn fill(c: &mut Client) -> (i64, uuid::Uuid) {
 fn rows(c: &mut Client) -> Vec<String> {
     [
         "SELECT json_agg(t ORDER BY queue)::text FROM pgqueue.queues t",
-        "SELECT json_agg(t ORDER BY msg_id)::text FROM pgqueue.messages t",
+        "SELECT json_agg(to_jsonb(t) - 'dedup_key' ORDER BY msg_id)::text FROM pgqueue.messages t",
         "SELECT json_agg(t ORDER BY queue, finished_at, msg_id)::text FROM pgqueue.history t",
         "SELECT json_agg(t ORDER BY queue)::text FROM pgqueue.prune_state t",
         // Columns added by later releases are left out (they start at their defaults).
-        "SELECT json_agg(to_jsonb(t) - ARRAY['reconcile_failures', 'hint_corrections'])::text FROM pgqueue.worker_state t",
+        "SELECT json_agg(to_jsonb(t) - ARRAY['reconcile_failures', 'hint_corrections', 'schedule_failures',
+                'keys_failures', 'scheduled_runs', 'missed_runs', 'schedule_errors', 'keys_expired'])::text
+           FROM pgqueue.worker_state t",
         "SELECT last_value::text FROM pgqueue.messages_msg_id_seq",
     ]
     .iter()
@@ -106,6 +108,11 @@ fn alter_extension_update_from_0_1_0_equals_a_fresh_install() {
 #[test]
 fn alter_extension_update_from_0_2_0_equals_a_fresh_install() {
     update_from("0.2.0");
+}
+
+#[test]
+fn alter_extension_update_from_0_3_0_equals_a_fresh_install() {
+    update_from("0.3.0");
 }
 
 /// Creates the extension at an earlier release (`sql/releases/`), fills it, updates it to
