@@ -36,4 +36,10 @@ fn every_scenario_runs_at_tiny_sizes() {
     assert!(pickup.idle.iter().all(|i| i.claims_per_min > 0.0));
     assert_eq!(pickup.sends.len(), 4);
     assert!(pickup.sends.iter().all(|s| s.messages_per_s > 0.0));
+    let schedules = report.schedules.expect("schedules ran");
+    assert_eq!(schedules.burst_fired, sizes.schedules_due, "every due schedule fired once");
+    assert!(schedules.idle_buffers > 0 && schedules.live_runs > 0);
+    assert_eq!(schedules.live_duplicates, 0);
+    assert_eq!(report.unique.len(), 3);
+    assert!(report.unique.iter().all(|u| u.messages_per_s > 0.0));
 }

@@ -52,6 +52,11 @@ pub struct Sizes {
     pub pickup_for: Duration,
     pub idle_for: Duration,
     pub send_for: Duration,
+    /// Schedules: how many exist, how many of them come due together, how long the live
+    /// run lasts (every 5 s the due ones fire).
+    pub schedules: i64,
+    pub schedules_due: i64,
+    pub schedules_for: Duration,
 }
 
 impl Sizes {
@@ -83,6 +88,9 @@ impl Sizes {
             pickup_for: Duration::from_secs(60),
             idle_for: Duration::from_secs(30),
             send_for: Duration::from_secs(20),
+            schedules: 10_000,
+            schedules_due: 1_000,
+            schedules_for: Duration::from_secs(30),
         }
     }
 
@@ -115,6 +123,9 @@ impl Sizes {
             pickup_for: Duration::from_secs(1),
             idle_for: Duration::from_secs(1),
             send_for: Duration::from_millis(500),
+            schedules: 200,
+            schedules_due: 20,
+            schedules_for: Duration::from_secs(6),
         }
     }
 }
@@ -131,6 +142,8 @@ pub struct Report {
     pub enqueue: Vec<Enqueue>,
     pub pinned: Vec<PinnedRun>,
     pub pickup: Option<Pickup>,
+    pub schedules: Option<Schedules>,
+    pub unique: Vec<SendRate>,
 }
 
 #[derive(Serialize, Clone)]
@@ -263,6 +276,30 @@ pub struct SendRate {
     pub ratio: f64,
     /// Messages the consumers claimed (and acked) per second meanwhile.
     pub consumed_per_s: f64,
+}
+
+/// Schedules: what a tick costs with none due, how long firing a burst takes, and how late
+/// runs are enqueued under the live worker.
+#[derive(Serialize)]
+pub struct Schedules {
+    pub schedules: i64,
+    /// One `_fire_schedules(50)` call with nothing due: p50 time and shared buffers touched.
+    pub idle_p50_us: u64,
+    pub idle_buffers: i64,
+    /// `due` schedules made due at once, fired the way the worker does (50 a transaction).
+    pub due: i64,
+    pub burst_fired: i64,
+    pub burst_ms: f64,
+    pub tick_interval_ms: i64,
+    /// The live worker for `live_seconds`: runs enqueued against slots passed (times due),
+    /// duplicates, and lateness (enqueued_at - scheduled_for).
+    pub live_seconds: f64,
+    pub live_runs: i64,
+    pub live_expected: i64,
+    pub live_duplicates: i64,
+    pub lateness_p50_ms: f64,
+    pub lateness_p99_ms: f64,
+    pub lateness_max_ms: f64,
 }
 
 /// The two systems under test, behind the same four operations.
@@ -477,6 +514,12 @@ impl Bench {
         }
         if wants("pickup") {
             report.pickup = Some(self.pickup());
+        }
+        if wants("schedules") {
+            report.schedules = Some(self.schedules());
+        }
+        if wants("unique") {
+            report.unique = self.unique();
         }
         report
     }
@@ -1296,6 +1339,143 @@ impl Bench {
             inner_statements_per_min: counted(1),
             sleeps_per_min: counted(2),
         }
+    }
+
+    /// Schedules: a tick with nothing due, a burst of due ones, then the live worker.
+    fn schedules(&self) -> Schedules {
+        let s = &self.sizes;
+        let mut c = self.connect();
+        self.reset(&mut c);
+        Self::worker(&mut c, false);
+        self.say(&format!("schedules: {} schedules, none due", s.schedules));
+        c.execute(
+            "INSERT INTO pgqueue.schedules (name, queue, cron, payload, next_run)
+             SELECT 'bench-' || g, 'bench', '0 0 1 1 *', '{}', pgqueue._cron_next('0 0 1 1 *', 'UTC', now(), 1)
+               FROM generate_series(1, $1::bigint) g",
+            &[&s.schedules],
+        )
+        .unwrap();
+        c.batch_execute("VACUUM (ANALYZE) pgqueue.schedules").unwrap();
+        let fire = c.prepare("SELECT fired, more FROM pgqueue._fire_schedules(50)").unwrap();
+        let mut hist = Histogram::<u64>::new(3).unwrap();
+        for _ in 0..200 {
+            let t = Instant::now();
+            c.query_one(&fire, &[]).unwrap();
+            hist.record(t.elapsed().as_micros() as u64).unwrap();
+        }
+        let plan: String = c
+            .query("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM pgqueue._fire_schedules(50)", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, Value>(0).to_string())
+            .collect();
+        let plan: Value = serde_json::from_str(&plan).unwrap();
+        let idle_buffers =
+            ["Shared Hit Blocks", "Shared Read Blocks"].iter().map(|k| plan[0]["Plan"][k].as_i64().unwrap_or(0)).sum();
+
+        self.say(&format!("schedules: {} due at once", s.schedules_due));
+        c.execute(
+            "UPDATE pgqueue.schedules SET cron = '*/5 * * * * *', next_run = now()
+              WHERE name IN (SELECT 'bench-' || g FROM generate_series(1, $1::bigint) g)",
+            &[&s.schedules_due],
+        )
+        .unwrap();
+        let (t, mut burst_fired) = (Instant::now(), 0i64);
+        loop {
+            let row = c.query_one(&fire, &[]).unwrap();
+            burst_fired += row.get::<_, i64>(0);
+            if !row.get::<_, bool>(1) {
+                break;
+            }
+        }
+        let burst_ms = t.elapsed().as_secs_f64() * 1000.0;
+
+        self.say(&format!("schedules: live worker for {:?}", s.schedules_for));
+        c.batch_execute("DELETE FROM pgqueue.messages WHERE queue = 'bench'").unwrap();
+        // From the next slot on: every 5 s the due schedules fire together.
+        c.batch_execute(
+            "UPDATE pgqueue.schedules SET next_run = pgqueue._cron_next(cron, 'UTC', now(), 1)
+              WHERE cron = '*/5 * * * * *'",
+        )
+        .unwrap();
+        let start: String = c
+            .query_one("SELECT min(next_run)::text FROM pgqueue.schedules WHERE cron = '*/5 * * * * *'", &[])
+            .unwrap()
+            .get(0);
+        Self::worker(&mut c, true);
+        std::thread::sleep(s.schedules_for);
+        let stop: String = c.query_one("SELECT now()::text", &[]).unwrap().get(0);
+        Self::worker(&mut c, false);
+        let row = c
+            .query_one(
+                "WITH runs AS (
+                     SELECT (headers->>'scheduled_for')::timestamptz AS slot, headers->>'schedule' AS name,
+                            enqueued_at FROM pgqueue.messages WHERE queue = 'bench'
+                 ), slots AS (
+                     SELECT count(*) AS n FROM generate_series($1::timestamptz, $2::timestamptz - interval '2 s',
+                                                               interval '5 s') g
+                 )
+                 SELECT count(*), (SELECT n FROM slots) * $3::bigint,
+                        count(*) - count(DISTINCT (name, slot)),
+                        extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY enqueued_at - slot)) * 1000,
+                        extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY enqueued_at - slot)) * 1000,
+                        extract(epoch FROM max(enqueued_at - slot)) * 1000,
+                        (SELECT setting FROM pg_settings WHERE name = 'pgqueue.tick_interval')
+                   FROM runs WHERE slot < $2::timestamptz - interval '2 s'",
+                &[&start, &stop, &s.schedules_due],
+            )
+            .unwrap();
+        let tick: String = row.get(6);
+        let tick_interval_ms = tick.trim_end_matches("ms").parse().unwrap_or(0);
+        c.batch_execute("DELETE FROM pgqueue.schedules WHERE name LIKE 'bench-%'").unwrap();
+        Self::worker(&mut c, true);
+        Schedules {
+            schedules: s.schedules,
+            idle_p50_us: hist.value_at_quantile(0.5),
+            idle_buffers,
+            due: s.schedules_due,
+            burst_fired,
+            burst_ms,
+            tick_interval_ms,
+            live_seconds: s.schedules_for.as_secs_f64(),
+            live_runs: row.get(0),
+            live_expected: row.get(1),
+            live_duplicates: row.get(2),
+            lateness_p50_ms: row.get::<_, Option<f64>>(3).unwrap_or(0.0),
+            lateness_p99_ms: row.get::<_, Option<f64>>(4).unwrap_or(0.0),
+            lateness_max_ms: row.get::<_, Option<f64>>(5).unwrap_or(0.0),
+        }
+    }
+
+    /// Unique jobs: one producer's single sends without a key, each with a new key, and all
+    /// with the same key (each a duplicate), side by side.
+    fn unique(&self) -> Vec<SendRate> {
+        let s = &self.sizes;
+        let mut c = self.connect();
+        let mut out: Vec<SendRate> = vec![];
+        for (case, sql) in [
+            ("no key", "SELECT pgqueue.pgq_send('bench', $1)"),
+            ("a new key each", "SELECT pgqueue.pgq_send('bench', $1, dedup_key => $2)"),
+            ("the same key (duplicates)", "SELECT pgqueue.pgq_send('bench', $1, dedup_key => 'same')"),
+        ] {
+            self.say(&format!("unique: sends with {case}"));
+            self.reset(&mut c);
+            let send = c.prepare(sql).unwrap();
+            let message = payload(0);
+            let (t, mut sent) = (Instant::now(), 0u64);
+            while t.elapsed() < s.send_for {
+                if case == "a new key each" {
+                    c.query_one(&send, &[&message, &format!("k{sent}")]).unwrap();
+                } else {
+                    c.query_one(&send, &[&message]).unwrap();
+                }
+                sent += 1;
+            }
+            let messages_per_s = sent as f64 / t.elapsed().as_secs_f64();
+            let ratio = messages_per_s / out.first().map_or(messages_per_s, |r| r.messages_per_s);
+            out.push(SendRate { case: case.into(), messages_per_s, ratio, consumed_per_s: 0.0 });
+        }
+        out
     }
 
     /// One producer's single sends per second, each its own commit, beside `consumers` on a

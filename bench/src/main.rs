@@ -196,6 +196,28 @@ fn print(r: &Report) {
             println!("| {} | {} | {:.0} |", e.method, e.per_call, e.messages_per_s);
         }
     }
+    if let Some(s) = &r.schedules {
+        println!(
+            "\nschedules: {} schedules; a tick with none due: p50 {} µs, {} buffers; {} due at once fired in {:.0} ms (tick interval {} ms)",
+            s.schedules, s.idle_p50_us, s.idle_buffers, s.due, s.burst_ms, s.tick_interval_ms
+        );
+        println!(
+            "live worker {:.0} s: {} runs of {} slots x schedules, {} duplicates; lateness p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            s.live_seconds,
+            s.live_runs,
+            s.live_expected,
+            s.live_duplicates,
+            s.lateness_p50_ms,
+            s.lateness_p99_ms,
+            s.lateness_max_ms
+        );
+    }
+    if !r.unique.is_empty() {
+        println!("\nunique jobs: single sends, each its own commit\n| keys | messages/s | ÷ no key |\n|---|---|---|");
+        for u in &r.unique {
+            println!("| {} | {:.0} | {:.2} |", u.case, u.messages_per_s, u.ratio);
+        }
+    }
     for run in &r.pinned {
         println!(
             "\npinned horizon: {}, {}; {} consumers claiming and acking one at a time, ~{} waiting",
