@@ -64,7 +64,12 @@ fn pattern_problem(pattern: &str) -> Option<String> {
 /// A valid pattern and zone (checked by `_cron_problem` / `_time_zone_problem` when the
 /// schedule was made); None if either no longer parses.
 fn parse(pattern: &str, time_zone: &str) -> Option<(Cron, Tz)> {
-    Some((parser().parse(pattern).ok()?, time_zone.parse().ok()?))
+    Some((parser().parse(pattern).ok()?, zone(time_zone)?))
+}
+
+/// An IANA zone by name, in any case (as PostgreSQL's own time zone names).
+fn zone(name: &str) -> Option<Tz> {
+    name.parse().ok().or_else(|| chrono_tz::TZ_VARIANTS.iter().find(|z| z.name().eq_ignore_ascii_case(name)).copied())
 }
 
 fn to_zoned(ts: TimestampWithTimeZone, tz: Tz) -> Option<DateTime<Tz>> {
@@ -97,9 +102,9 @@ fn _cron_problem(pattern: &str) -> Option<String> {
 /// NULL if `time_zone` is an IANA time zone name, else what is wrong with it.
 #[pg_extern(immutable, parallel_safe)]
 fn _time_zone_problem(time_zone: &str) -> Option<String> {
-    match time_zone.parse::<Tz>() {
-        Ok(_) => None,
-        Err(_) => Some(format!("\"{time_zone}\" is not an IANA time zone name (such as UTC or Europe/Berlin)")),
+    match zone(time_zone) {
+        Some(_) => None,
+        None => Some(format!("\"{time_zone}\" is not an IANA time zone name (such as UTC or Europe/Berlin)")),
     }
 }
 
