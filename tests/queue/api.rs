@@ -515,7 +515,7 @@ fn roles_get_only_their_part() {
     let id = send(&mut c, &q, json!(1));
     // PUBLIC can do nothing.
     let public_exec: bool = c
-        .query_one("SELECT has_function_privilege('public', 'pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb)', 'EXECUTE')", &[])
+        .query_one("SELECT has_function_privilege('public', 'pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb, text, interval)', 'EXECUTE')", &[])
         .unwrap()
         .get(0);
     assert!(!public_exec);
