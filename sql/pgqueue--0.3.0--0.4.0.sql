@@ -169,24 +169,36 @@ $$;
 -- (waiting, delayed or claimed, or finished less than its hold ago). Returns the msg_id that
 -- holds the key: msg_id itself if it was free. A concurrent send of the same key waits here
 -- until this transaction ends (the primary key's insert), so exactly one of them takes it;
--- a rolled-back send leaves it free. The existing row is locked even when it is kept, so the
--- msg_id read next is the one that holds it.
+-- a rolled-back send leaves it free. A key found held is only read, never locked: a
+-- duplicate send holds up no ack of the holder (and cannot deadlock with one).
 CREATE FUNCTION pgqueue._take_key(queue text, dedup_key text, msg_id bigint, hold interval) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_variable
 DECLARE
     holder bigint;
+    expiry timestamptz;
 BEGIN
-    INSERT INTO pgqueue.dedup_keys AS d (queue, dedup_key, msg_id, hold)
-    VALUES (queue, dedup_key, msg_id, hold)
-    ON CONFLICT ON CONSTRAINT dedup_keys_pkey DO UPDATE
-       SET msg_id = excluded.msg_id, hold = excluded.hold, expires_at = NULL
-     WHERE d.expires_at <= pg_catalog.clock_timestamp()
-    RETURNING d.msg_id INTO holder;
-    IF holder IS NULL THEN
-        SELECT d.msg_id INTO holder FROM pgqueue.dedup_keys d WHERE d.queue = queue AND d.dedup_key = dedup_key;
-    END IF;
-    RETURN holder;
+    -- Each pass ends unless another transaction changed the key meanwhile.
+    LOOP
+        INSERT INTO pgqueue.dedup_keys AS d (queue, dedup_key, msg_id, hold)
+        VALUES (queue, dedup_key, msg_id, hold)
+        ON CONFLICT ON CONSTRAINT dedup_keys_pkey DO NOTHING;
+        IF FOUND THEN
+            RETURN msg_id;
+        END IF;
+        SELECT d.msg_id, d.expires_at INTO holder, expiry
+          FROM pgqueue.dedup_keys d WHERE d.queue = queue AND d.dedup_key = dedup_key;
+        IF FOUND AND (expiry IS NULL OR expiry > pg_catalog.clock_timestamp()) THEN
+            RETURN holder;
+        ELSIF FOUND THEN
+            -- Its hold has ended: take it over, unless another send just did.
+            UPDATE pgqueue.dedup_keys d SET msg_id = _take_key.msg_id, hold = _take_key.hold, expires_at = NULL
+             WHERE d.queue = queue AND d.dedup_key = dedup_key AND d.expires_at <= pg_catalog.clock_timestamp();
+            IF FOUND THEN
+                RETURN msg_id;
+            END IF;
+        END IF;
+    END LOOP;
 END
 $$;
 
@@ -458,7 +470,7 @@ BEGIN
     UPDATE pgqueue.schedules sc
        SET paused = _set_schedule_paused.paused,
            next_run = CASE WHEN _set_schedule_paused.paused THEN sc.next_run
-                           ELSE pgqueue._cron_next(sc.cron, sc.time_zone, greatest(now(), sc.last_run), 1) END
+                           ELSE (SELECT pgqueue._cron_next(sc.cron, sc.time_zone, greatest(now(), sc.last_run), 1)) END
      WHERE sc.name = s.name;
 END
 $$;
@@ -551,7 +563,7 @@ BEGIN
             END IF;
             -- Passed over to its next slot (NULL if none can be computed: it stops, reported).
             UPDATE pgqueue.schedules sc
-               SET next_run = pgqueue._cron_next(sc.cron, sc.time_zone, now_at, 1),
+               SET next_run = (SELECT pgqueue._cron_next(sc.cron, sc.time_zone, now_at, 1)),
                    failures = sc.failures + 1, last_error = problem, last_error_at = now()
              WHERE sc.name = s.name;
         END;

@@ -100,7 +100,7 @@ BEGIN
     UPDATE pgqueue.schedules sc
        SET paused = _set_schedule_paused.paused,
            next_run = CASE WHEN _set_schedule_paused.paused THEN sc.next_run
-                           ELSE pgqueue._cron_next(sc.cron, sc.time_zone, greatest(now(), sc.last_run), 1) END
+                           ELSE (SELECT pgqueue._cron_next(sc.cron, sc.time_zone, greatest(now(), sc.last_run), 1)) END
      WHERE sc.name = s.name;
 END
 $$;
@@ -193,7 +193,7 @@ BEGIN
             END IF;
             -- Passed over to its next slot (NULL if none can be computed: it stops, reported).
             UPDATE pgqueue.schedules sc
-               SET next_run = pgqueue._cron_next(sc.cron, sc.time_zone, now_at, 1),
+               SET next_run = (SELECT pgqueue._cron_next(sc.cron, sc.time_zone, now_at, 1)),
                    failures = sc.failures + 1, last_error = problem, last_error_at = now()
              WHERE sc.name = s.name;
         END;

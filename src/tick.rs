@@ -195,21 +195,18 @@ fn rescue(bracket: Bracket, out: &mut Outcome, pass: &mut Pass, current_sql: boo
 /// `_fire_schedules`), until none is left or the rescue pass budget is used up.
 fn fire_schedules(bracket: Bracket, out: &mut Outcome) {
     let start = Instant::now();
-    loop {
-        let Some((fired, missed, failed, more)) = step(bracket, out, "schedule", || {
-            Spi::connect(|client| {
-                let row = client.select("SELECT * FROM pgqueue._fire_schedules(50)", Some(1), &[])?.first();
-                Ok::<_, pgrx::spi::Error>((
-                    row.get::<i64>(1)?.unwrap_or(0),
-                    row.get::<i64>(2)?.unwrap_or(0),
-                    row.get::<i64>(3)?.unwrap_or(0),
-                    row.get::<bool>(4)?.unwrap_or(false),
-                ))
-            })
-            .unwrap_or_else(|e| error!("{e}"))
-        }) else {
-            break;
-        };
+    while let Some((fired, missed, failed, more)) = step(bracket, out, "schedule", || {
+        Spi::connect(|client| {
+            let row = client.select("SELECT * FROM pgqueue._fire_schedules(50)", Some(1), &[])?.first();
+            Ok::<_, pgrx::spi::Error>((
+                row.get::<i64>(1)?.unwrap_or(0),
+                row.get::<i64>(2)?.unwrap_or(0),
+                row.get::<i64>(3)?.unwrap_or(0),
+                row.get::<bool>(4)?.unwrap_or(false),
+            ))
+        })
+        .unwrap_or_else(|e| error!("{e}"))
+    }) {
         out.add("scheduled_runs", fired);
         out.add("missed_runs", missed);
         out.add("schedule_errors", failed);

@@ -2,7 +2,8 @@
 //! server — plain format through psql with ON_ERROR_STOP, custom format through pg_restore
 //! --exit-on-error, also with --jobs 2 — with everything pgqueue created: queues and their
 //! settings, messages in every state, history in its day partitions, the msg_id sequence,
-//! privileges granted to application roles; and the worker runs there afterwards.
+//! privileges granted to application roles, schedules and unique-job keys; and the worker
+//! runs there afterwards, firing schedules.
 //!
 //! The restored schema and data are compared with the source's own dumps, so an object that
 //! pgqueue starts creating one day and that does not survive a round trip fails here.
@@ -64,6 +65,11 @@ struct Source {
     old_dead: i64,
     last_id: i64,
     roles: [String; 2],
+    /// Each unique-job key of queue `keyed` and the msg_id that holds it.
+    keys: Vec<(&'static str, i64)>,
+    /// The source's schedules and dedup_keys rows, as text, as they were dumped.
+    schedules: Vec<String>,
+    dedup_keys: Vec<String>,
     /// The session that holds the session-bound claim (alive while the source is dumped).
     _consumer: Client,
 }
@@ -73,8 +79,8 @@ fn claim(c: &mut Client, q: &str, extra: &str) -> (i64, Uuid) {
     (r.get(0), r.get(1))
 }
 
-/// A database with queues, messages in every state, history in two day partitions and
-/// privileges granted to two application roles.
+/// A database with queues, messages in every state, history in two day partitions,
+/// privileges granted to two application roles, schedules and unique-job keys.
 fn fill(c: &mut Client) -> Source {
     let db = common::unique_queue("backup_src");
     let roles = [format!("{db}_producer"), format!("{db}_ops")];
@@ -120,8 +126,51 @@ fn fill(c: &mut Client) -> Source {
     let short = claim(&mut s, "jobs", ", lease => '3 s'");
     let mut consumer = connect_to(&db);
     let bound = claim(&mut consumer, "jobs", ", session_bound => true");
+    let keys = fill_schedules_and_keys(&mut s);
     let last_id: i64 = s.query_one("SELECT last_value FROM pgqueue.messages_msg_id_seq", &[]).unwrap().get(0);
-    Source { db, long, short, bound, old_dead: -1, last_id, roles, _consumer: consumer }
+    let (schedules, dedup_keys) = (rows(&mut s, "schedules", "name"), rows(&mut s, "dedup_keys", "queue, dedup_key"));
+    assert_eq!((schedules.len(), dedup_keys.len()), (2, 4), "the source has its schedules and keys");
+    Source { db, long, short, bound, old_dead: -1, last_id, roles, keys, schedules, dedup_keys, _consumer: consumer }
+}
+
+/// What 0.4.0 adds. Two schedules, neither of which fires before the checks (the source has
+/// no worker while it is dumped): a monthly one in a zone with daylight saving, with headers,
+/// catching up, its next run in the future; and one every second, paused (resumed in each
+/// restored database, whose worker must then fire it). Unique-job keys of messages waiting,
+/// delayed, claimed, and of one acked whose key is kept for an hour. Returns (key, holder).
+fn fill_schedules_and_keys(s: &mut Client) -> Vec<(&'static str, i64)> {
+    s.batch_execute(
+        "SELECT pgqueue.pgq_create_queue('keyed');
+         SELECT pgqueue.pgq_create_queue('ticks');
+         SELECT pgqueue.pgq_schedule('monthly', 'ticks', '0 3 1 * *', '{\"report\": \"monthly\"}',
+                                     time_zone => 'Europe/Berlin', priority => 2::smallint,
+                                     headers => '{\"origin\": \"cron\"}', missed => 'catch_up', grace => '10 min');
+         SELECT pgqueue.pgq_schedule('every_second', 'ticks', '* * * * * *', paused => true);",
+    )
+    .unwrap();
+    let mut send = |key: &str, extra: &str| -> i64 {
+        s.query_one(&format!("SELECT pgqueue.pgq_send('keyed', '{{}}', dedup_key => $1{extra})"), &[&key])
+            .unwrap()
+            .get(0)
+    };
+    let kept = send("kept", ", dedup_for => '1 hour'");
+    let claimed = send("claimed", "");
+    let waiting = send("waiting", "");
+    let delayed = send("delayed", ", delay => '1 hour'");
+    let done = claim(s, "keyed", "");
+    assert_eq!(done.0, kept);
+    s.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&done.0, &done.1]).unwrap();
+    assert_eq!(claim(s, "keyed", ", lease => '1 hour'").0, claimed);
+    vec![("kept", kept), ("claimed", claimed), ("waiting", waiting), ("delayed", delayed)]
+}
+
+/// Every row of a pgqueue table as text, in `order`.
+fn rows(c: &mut Client, table: &str, order: &str) -> Vec<String> {
+    c.query(&format!("SELECT t::text FROM pgqueue.{table} t ORDER BY {order}"), &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
 }
 
 fn state_of(c: &mut Client, id: i64) -> Option<(String, i32)> {
@@ -191,8 +240,8 @@ fn check_restored(src: &Source, db: &str) {
         let ticks: i64 = r.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0);
         (ticks > 0).then_some(())
     });
-    // Everything came across: 21 sent to jobs (one acked, one failed), 1 each elsewhere, 7
-    // in history (5 two days old).
+    // Everything came across: 21 sent to jobs (one acked, one failed), 3 keyed waiting or
+    // claimed, 1 each elsewhere, 7 in history (5 two days old).
     let counts: Vec<(String, i64)> = r
         .query("SELECT queue, count(*) FROM pgqueue.messages GROUP BY 1 ORDER BY 1", &[])
         .unwrap()
@@ -200,7 +249,7 @@ fn check_restored(src: &Source, db: &str) {
         .map(|row| (row.get(0), row.get(1)))
         .collect();
     let long = format!("q{}", "x".repeat(39));
-    assert_eq!(counts, vec![("jobs".into(), 19), ("parked".into(), 1), (long, 1)], "{db}");
+    assert_eq!(counts, vec![("jobs".into(), 19), ("keyed".into(), 3), ("parked".into(), 1), (long, 1)], "{db}");
     let history: i64 = r.query_one("SELECT count(*) FROM pgqueue.history WHERE queue = 'jobs'", &[]).unwrap().get(0);
     assert_eq!(history, 7, "{db}");
     let q: (String, bool, i32) = {
@@ -241,4 +290,30 @@ fn check_restored(src: &Source, db: &str) {
         "42501",
         "and nothing more than was granted"
     );
+    check_schedules_and_keys(src, db, &mut r);
+}
+
+/// Schedules and unique-job keys came across as they were, keys still hold (also the one
+/// kept after its message finished), and the restored worker fires a resumed schedule.
+fn check_schedules_and_keys(src: &Source, db: &str, r: &mut Client) {
+    assert_eq!(rows(r, "schedules", "name"), src.schedules, "{db}: the schedules");
+    assert_eq!(rows(r, "dedup_keys", "queue, dedup_key"), src.dedup_keys, "{db}: the unique-job keys");
+    for (key, holder) in &src.keys {
+        let id: i64 = r.query_one("SELECT pgqueue.pgq_send('keyed', '{}', dedup_key => $1)", &[key]).unwrap().get(0);
+        assert_eq!(id, *holder, "{db}: a send with key {key} returns its restored holder");
+    }
+    let keyed: i64 = r.query_one("SELECT count(*) FROM pgqueue.messages WHERE queue = 'keyed'", &[]).unwrap().get(0);
+    assert_eq!(keyed, 3, "{db}: and enqueues nothing");
+
+    r.execute("SELECT pgqueue.pgq_resume_schedule('every_second')", &[]).unwrap();
+    wait_for("the restored worker firing the resumed schedule", LIMIT, || {
+        let fired: i64 = r
+            .query_one(
+                "SELECT count(*) FROM pgqueue.messages WHERE queue = 'ticks' AND headers->>'schedule' = 'every_second'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        (fired > 0).then_some(())
+    });
 }
