@@ -424,10 +424,11 @@ BEGIN
         PERFORM pgqueue._invalid('grace', pg_catalog.format('%s is not between 1 second and 1 day', grace));
     END IF;
     SELECT * INTO s FROM pgqueue.schedules sc WHERE sc.name = name FOR UPDATE;
-    IF FOUND AND s.cron = cron AND s.time_zone = time_zone AND s.next_run IS NOT NULL THEN
+    IF FOUND AND NOT s.paused AND s.cron = cron AND s.time_zone = time_zone AND s.next_run IS NOT NULL THEN
         next_at := s.next_run;  -- the same times: a slot due and not yet fired stays due
     ELSE
-        -- The first slot after now, and after the last run (never one slot twice).
+        -- The first slot after now, and after the last run (never one slot twice); after a
+        -- pause, what passed meanwhile is not run.
         next_at := pgqueue._cron_next(cron, time_zone, greatest(now(), s.last_run), 1);
     END IF;
     INSERT INTO pgqueue.schedules AS sc (name, queue, cron, time_zone, payload, headers, priority, paused, missed,
