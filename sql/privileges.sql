@@ -2,6 +2,8 @@
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgqueue FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA pgqueue FROM PUBLIC;
 GRANT USAGE ON SCHEMA pgqueue TO pgqueue_producer, pgqueue_consumer, pgqueue_admin;
+-- Names only: PUBLIC may call pgq_version and pgq_cron_next, nothing else.
+GRANT USAGE ON SCHEMA pgqueue TO PUBLIC;
 
 GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb, text, interval),

@@ -86,11 +86,12 @@ fn next_after(cron: &Cron, t: &DateTime<Tz>) -> Option<DateTime<Tz>> {
     cron.find_next_occurrence(t, false).ok()
 }
 
-/// The first slot at or after `t`.
+/// The first slot at or after `t`: the first after the second before it. (Not an inclusive
+/// search from `t`: a time moved past a spring-forward gap, 03:00 for a 02:30 job, is that
+/// day's slot but does not match the pattern itself.)
 fn next_from(cron: &Cron, t: &DateTime<Tz>) -> Option<DateTime<Tz>> {
-    // A fraction of a second: the slot of that very second has passed.
-    let whole = t.timestamp_subsec_micros() == 0;
-    cron.find_next_occurrence(t, whole).ok()
+    let whole = if t.timestamp_subsec_micros() == 0 { *t } else { *t + chrono::Duration::seconds(1) };
+    next_after(cron, &(whole - chrono::Duration::seconds(1)))
 }
 
 /// NULL if `pattern` is a valid cron pattern, else what is wrong with it.
