@@ -244,14 +244,15 @@ BEGIN
 END
 $$;
 
--- Step "keys" (at the prune cadence): unique-job keys whose hold has ended are deleted, up
--- to max_rows (a send would take such a key over anyway; this keeps the table small).
+-- Step "keys": unique-job keys whose hold has ended are deleted, up to max_rows (a send
+-- would take such a key over anyway; this keeps the table small). statement_timestamp(), not
+-- clock_timestamp(): the expiry index can then bound the scan.
 CREATE FUNCTION pgqueue._expire_dedup_keys(max_rows integer) RETURNS bigint
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     WITH expired AS (
         SELECT d.queue, d.dedup_key FROM pgqueue.dedup_keys d
-         WHERE d.expires_at <= clock_timestamp()
+         WHERE d.expires_at <= statement_timestamp()
          ORDER BY d.expires_at LIMIT max_rows
            FOR UPDATE SKIP LOCKED
     ), gone AS (

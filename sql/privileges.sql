@@ -1,4 +1,4 @@
--- Privileges: nothing for PUBLIC; three roles, each with its part of the API.
+-- Privileges: three roles, each with its part of the API; PUBLIC gets only what reads nothing.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgqueue FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA pgqueue FROM PUBLIC;
 GRANT USAGE ON SCHEMA pgqueue TO pgqueue_producer, pgqueue_consumer, pgqueue_admin;

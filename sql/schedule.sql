@@ -16,7 +16,10 @@ BEGIN
     IF pgqueue._require(count, 'count') NOT BETWEEN 1 AND 1000 THEN
         PERFORM pgqueue._invalid('count', pg_catalog.format('%s is not between 1 and 1000', count));
     END IF;
-    RETURN QUERY SELECT pgqueue._cron_next(cron, time_zone, pgqueue._require(after, 'after'), count);
+    IF NOT isfinite(pgqueue._require(after, 'after')) THEN
+        PERFORM pgqueue._invalid('after', 'not a finite time');
+    END IF;
+    RETURN QUERY SELECT pgqueue._cron_next(cron, time_zone, after, count);
 END
 $$;
 
@@ -77,9 +80,10 @@ CREATE FUNCTION pgqueue.pgq_unschedule(name text, if_exists boolean DEFAULT fals
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgqueue._check_schedule_name(name);
+    PERFORM pgqueue._require(if_exists, 'if_exists');
     DELETE FROM pgqueue.schedules sc WHERE sc.name = pgq_unschedule.name;
     IF NOT FOUND THEN
-        IF pgqueue._require(if_exists, 'if_exists') THEN
+        IF if_exists THEN
             RAISE NOTICE 'pgqueue: schedule "%" does not exist, skipping', name;
             RETURN;
         END IF;
@@ -120,25 +124,37 @@ END;
 
 -- One run of a schedule, for `slot`: the schedule's message, with headers naming the schedule
 -- and the slot (UTC, ISO 8601), plus missed_runs for a catch-up run. The key schedule:name@slot
--- keeps a slot from being enqueued twice while its message waits or runs.
+-- keeps a slot from being enqueued twice while its message waits or runs; a key someone else
+-- holds (a producer may send any key) is an error, not a silent run.
 CREATE FUNCTION pgqueue._fire(s pgqueue.schedules, slot timestamptz, missed_runs bigint) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     at text := pg_catalog.to_char(slot AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"');
+    key text := 'schedule:' || s.name || '@' || at;
+    id bigint;
 BEGIN
-    RETURN pgqueue.pgq_send(s.queue, s.payload, priority => s.priority,
+    id := pgqueue.pgq_send(s.queue, s.payload, priority => s.priority,
         headers => coalesce(s.headers, '{}') || jsonb_build_object('schedule', s.name, 'scheduled_for', at)
                    || CASE WHEN missed_runs IS NULL THEN '{}' ELSE jsonb_build_object('missed_runs', missed_runs) END,
-        dedup_key => 'schedule:' || s.name || '@' || at);
+        dedup_key => key);
+    IF NOT EXISTS (SELECT FROM pgqueue.messages m
+                    WHERE m.msg_id = id AND m.dedup_key = key AND m.headers ->> 'schedule' = s.name) THEN
+        RAISE EXCEPTION 'pgqueue: the key % of this run is held by message %, not a run of this schedule', key, id
+            USING ERRCODE = 'unique_violation';
+    END IF;
+    RETURN id;
 END
 $$;
 
 -- Tick step "schedule": fires up to max_rows due schedules, earliest first, each in a
--- subtransaction (a failing one is counted on its row and in the result, and passed over to
--- its next slot: it never holds up the others). `at` stands for now (tests pass other
--- times). Slots later than the schedule's grace are missed: counted, and with missed =
--- 'catch_up' the latest of them is enqueued once. `more`: max_rows were due.
--- A batch stays under 64 subtransactions, so other sessions' snapshots never overflow.
+-- subtransaction, so a failing one never holds up the others. Its runs are rolled back: if
+-- it met a lock or serialization conflict (lock timeout, deadlock, a concurrent change in
+-- REPEATABLE READ) the next tick tries the same slots again; any other error counts each of
+-- those runs as failed (on its row and in the result) and the schedule goes on from its next
+-- slot. `at` stands for now (tests pass other times). Slots later than the schedule's grace
+-- are missed: counted, and with missed = 'catch_up' the latest of them is enqueued once.
+-- `more`: max_rows were due. A batch stays under 64 subtransactions, so other sessions'
+-- snapshots never overflow.
 CREATE FUNCTION pgqueue._fire_schedules(max_rows integer DEFAULT 50, at timestamptz DEFAULT NULL)
 RETURNS TABLE (fired bigint, missed bigint, failed bigint, more boolean)
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
@@ -152,6 +168,8 @@ DECLARE
     id bigint;
     last_slot timestamptz;
     problem text;
+    code text;
+    runs integer;  -- this firing's runs (at least one, for the failure count)
     seen integer := 0;
 BEGIN
     fired := 0;
@@ -160,9 +178,11 @@ BEGIN
     FOR s IN SELECT * FROM pgqueue.schedules sc WHERE NOT sc.paused AND sc.next_run <= now_at
               ORDER BY sc.next_run LIMIT max_rows FOR UPDATE SKIP LOCKED LOOP
         seen := seen + 1;
+        runs := 1;
         BEGIN
             SELECT * INTO d FROM pgqueue._due_slots(s.cron, s.time_zone, s.next_run, now_at, now_at - s.grace,
                                                     s.missed = 'catch_up');
+            runs := greatest(cardinality(d.slots) + (d.catch_up_slot IS NOT NULL)::integer, 1);
             n := 0;
             id := NULL;
             last_slot := NULL;
@@ -187,16 +207,22 @@ BEGIN
             fired := fired + n;
             missed := missed + d.missed;
         EXCEPTION WHEN OTHERS THEN
-            GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
-            failed := failed + 1;
+            GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT, code = RETURNED_SQLSTATE;
             IF problem IS DISTINCT FROM s.last_error THEN
                 RAISE WARNING 'pgqueue: schedule "%" failed to enqueue its run for %: %', s.name, s.next_run, problem;
             END IF;
-            -- Passed over to its next slot (NULL if none can be computed: it stops, reported).
-            UPDATE pgqueue.schedules sc
-               SET next_run = (SELECT pgqueue._cron_next(sc.cron, sc.time_zone, now_at, 1)),
-                   failures = sc.failures + 1, last_error = problem, last_error_at = now()
-             WHERE sc.name = s.name;
+            IF code LIKE '40%' OR code = '55P03' THEN
+                -- A conflict: the same slots next tick.
+                UPDATE pgqueue.schedules sc SET last_error = problem, last_error_at = now() WHERE sc.name = s.name;
+            ELSE
+                -- Every run of this firing failed; passed over to the next slot (NULL if none
+                -- can be computed: the schedule stops, reported).
+                failed := failed + runs;
+                UPDATE pgqueue.schedules sc
+                   SET next_run = (SELECT pgqueue._cron_next(sc.cron, sc.time_zone, now_at, 1)),
+                       failures = sc.failures + runs, last_error = problem, last_error_at = now()
+                 WHERE sc.name = s.name;
+            END IF;
         END;
     END LOOP;
     more := seen >= max_rows;

@@ -37,10 +37,10 @@ SELECT current_database() AS database,
 
 -- Every schedule: when it runs next, its last run (the slot) and how late that was enqueued,
 -- counts, and its last error. Times of day are the caller's TimeZone; next_run_local is in
--- the schedule's own zone.
+-- the schedule's own zone, by the tz database the schedules run on (the library's).
 CREATE VIEW pgqueue.schedule_stats AS
 SELECT s.name, s.queue, s.cron, s.time_zone, s.paused, s.missed, s.grace,
-       s.next_run, s.next_run AT TIME ZONE s.time_zone AS next_run_local,
+       s.next_run, pgqueue._local_time(s.next_run, s.time_zone) AS next_run_local,
        s.last_run, s.last_fired_at - s.last_run AS last_lateness, s.last_msg_id,
        s.runs, s.missed_runs, s.failures, s.last_error, s.last_error_at, s.created_at
   FROM pgqueue.schedules s;

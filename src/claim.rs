@@ -44,7 +44,13 @@ fn _claim_start(
             // SAFETY: a plain read; now() in SQL is this same timestamp.
             let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
             let (priorities, starts) = hints.unzip();
-            (priorities, starts, Some(epoch as i64), Some(seq as i64), now >= next_due)
+            // Messages this transaction itself sent (or made claimable) are below no hint
+            // yet: scan from the start, and raise nothing.
+            if Key::new(queue).is_some_and(|key| pending::makes_ready_uncommitted(&key)) {
+                (None, None, None, Some(seq as i64), now >= next_due)
+            } else {
+                (priorities, starts, Some(epoch as i64), Some(seq as i64), now >= next_due)
+            }
         }
     };
     TableIterator::once(row)

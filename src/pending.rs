@@ -136,6 +136,12 @@ impl Note {
     }
 }
 
+/// Whether this transaction made messages of `key` claimable and has not committed yet: the
+/// shared hints learn of them only at commit, but this transaction's own claims see them.
+pub fn makes_ready_uncommitted(key: &Key) -> bool {
+    NOTES.with_borrow(|notes| notes.iter().any(|n| n.key == *key && !n.undone && n.makes_ready()))
+}
+
 /// Registers the callbacks for this process (whenever the library is loaded).
 pub fn init() {
     // SAFETY: permanent callbacks; they run in this process only.

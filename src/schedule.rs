@@ -132,6 +132,14 @@ fn _cron_next(
     SetOfIterator::new(times)
 }
 
+/// `at` as wall-clock time in `time_zone` (by the same tz database the schedules use); NULL
+/// if the zone is unknown.
+#[pg_extern(stable, parallel_safe)]
+fn _local_time(at: TimestampWithTimeZone, time_zone: &str) -> Option<pgrx::datum::Timestamp> {
+    let local = to_zoned(at, zone(time_zone)?)?.naive_local().and_utc().timestamp_micros();
+    pgrx::datum::Timestamp::try_from(local - PG_EPOCH_US).ok()
+}
+
 /// What a schedule due at `next_run` fires at `at`. Slots before `missed_before` were missed:
 /// they are counted (`missed`), and with `catch_up` the latest of them is returned as
 /// `catch_up_slot`. The slots from `missed_before` (or `next_run`) to `at` are `slots`, at
@@ -167,12 +175,15 @@ fn _due_slots(
     if first < missed_before {
         while let Some(s) = slot.filter(|s| *s < missed_before) {
             missed += 1;
+            latest_missed = Some(s);
             if missed >= MAX_MISSED_COUNT {
+                // Counted no further: the latest missed slot is the last before missed_before.
+                let end = next_from(&cron, &missed_before).unwrap_or(missed_before);
+                latest_missed = cron.find_previous_occurrence(&end, false).ok().filter(|p| *p < missed_before);
                 break;
             }
             slot = next_after(&cron, &s);
         }
-        latest_missed = cron.find_previous_occurrence(&missed_before, false).ok().filter(|s| *s >= first);
         slot = next_from(&cron, &missed_before);
     }
     let mut slots = vec![];

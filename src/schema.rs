@@ -13,6 +13,6 @@ pgrx::extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requir
 pgrx::extension_sql_file!(
     "../sql/stats.sql",
     name = "stats",
-    requires = ["maintenance", reconcile::_queue_depth, queue_state::_shared_state]
+    requires = ["maintenance", reconcile::_queue_depth, queue_state::_shared_state, schedule::_local_time]
 );
 pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);

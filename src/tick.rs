@@ -80,6 +80,9 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
             out.add("hint_corrections", n);
         }
     }
+    if plan.all_steps && level >= SQL_SCHEDULES {
+        expire_keys(bracket, &mut out);
+    }
     let mut pruned = false;
     if prune_now {
         if let Some(n) = step(bracket, &mut out, "partition", || one("SELECT pgqueue._maintain_partitions()")) {
@@ -90,11 +93,6 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
                 out.add(&format!("prune_{outcome}"), n);
                 out.add("pruned_rows", removed);
             }
-        }
-        if level >= SQL_SCHEDULES
-            && let Some(n) = step(bracket, &mut out, "keys", || one("SELECT pgqueue._expire_dedup_keys(100000)"))
-        {
-            out.add("keys_expired", n);
         }
         pruned = true;
     }
@@ -192,7 +190,9 @@ fn rescue(bracket: Bracket, out: &mut Outcome, pass: &mut Pass, current_sql: boo
 }
 
 /// Due schedules, 50 a transaction (each schedule is a subtransaction: see
-/// `_fire_schedules`), until none is left or the rescue pass budget is used up.
+/// `_fire_schedules`), until none is left or the rescue pass budget is used up. In
+/// `pgq_tick()` one batch only: its subtransactions all count in the caller's transaction,
+/// and more than 64 would overflow other sessions' snapshots while it runs.
 fn fire_schedules(bracket: Bracket, out: &mut Outcome) {
     let start = Instant::now();
     while let Some((fired, missed, failed, more)) = step(bracket, out, "schedule", || {
@@ -210,7 +210,20 @@ fn fire_schedules(bracket: Bracket, out: &mut Outcome) {
         out.add("scheduled_runs", fired);
         out.add("missed_runs", missed);
         out.add("schedule_errors", failed);
-        if !more || start.elapsed() >= guc::rescue_pass_budget() {
+        if !more || start.elapsed() >= guc::rescue_pass_budget() || matches!(bracket, Bracket::Subtransaction) {
+            break;
+        }
+    }
+}
+
+/// Unique-job keys whose hold has ended, 10,000 a transaction while batches come back full,
+/// within the rescue pass budget.
+fn expire_keys(bracket: Bracket, out: &mut Outcome) {
+    const BATCH: i64 = 10_000;
+    let start = Instant::now();
+    while let Some(n) = step(bracket, out, "keys", || one("SELECT pgqueue._expire_dedup_keys(10000)")) {
+        out.add("keys_expired", n);
+        if n < BATCH || start.elapsed() >= guc::rescue_pass_budget() {
             break;
         }
     }

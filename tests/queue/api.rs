@@ -627,3 +627,32 @@ fn state_list_matches_the_check_constraint() {
     let bad = c.execute("UPDATE pgqueue.messages SET state = 'done' WHERE msg_id = $1", &[&id]);
     assert_eq!(sqlstate(bad), "23514");
 }
+
+/// A transaction claims what it sent itself, or gave back itself, before it commits: the
+/// shared hints hear of those messages only at commit, so such a claim must not trust them
+/// (it did, on a queue the worker had checked empty: the claim came back with nothing).
+#[test]
+fn a_transaction_claims_what_it_made_claimable_itself() {
+    let mut c = connect();
+    let q = new_queue(&mut c, "");
+    // The worker has checked the queue: the shared state lists its priorities (none yet).
+    let checked = |c: &mut Client| -> bool {
+        c.query_one("SELECT priorities IS NOT NULL FROM pgqueue._claim_start($1)", &[&q]).unwrap().get(0)
+    };
+    crate::common::wait_for("the worker to check the queue", Duration::from_secs(30), || checked(&mut c).then_some(()));
+    c.batch_execute("BEGIN").unwrap();
+    let id = send(&mut c, &q, json!("mine"));
+    let got = claim(&mut c, &q, 1);
+    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), vec![id], "its own send");
+    c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0')", &[&id, &got[0].1]).unwrap();
+    let again = claim(&mut c, &q, 1);
+    assert_eq!(again.iter().map(|g| g.0).collect::<Vec<_>>(), vec![id], "its own nack");
+    c.batch_execute("COMMIT").unwrap();
+
+    // A claim committed before, given back in this transaction: the same.
+    crate::common::wait_for("the worker to check the queue", Duration::from_secs(30), || checked(&mut c).then_some(()));
+    c.batch_execute("BEGIN").unwrap();
+    c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0')", &[&id, &again[0].1]).unwrap();
+    assert_eq!(claim(&mut c, &q, 1).first().map(|g| g.0), Some(id), "its own nack of an older claim");
+    c.batch_execute("COMMIT").unwrap();
+}
