@@ -724,6 +724,7 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_resume_schedule(text)
 TO pgqueue_admin;
 GRANT SELECT ON pgqueue.schedule_stats TO pgqueue_admin, pg_monitor;
+GRANT EXECUTE ON FUNCTION pgqueue._local_time(timestamptz, text) TO pgqueue_admin, pg_monitor;
 GRANT EXECUTE ON FUNCTION pgqueue.pgq_cron_next(text, text, timestamptz, integer) TO PUBLIC;
 -- Names only: PUBLIC may call pgq_version and pgq_cron_next, nothing else.
 GRANT USAGE ON SCHEMA pgqueue TO PUBLIC;

@@ -38,6 +38,7 @@ TO pgqueue_admin;
 GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats, pgqueue.queue_depth, pgqueue.shared_state,
     pgqueue.schedule_stats
     TO pgqueue_admin, pg_monitor;
-GRANT EXECUTE ON FUNCTION pgqueue._queue_depth(), pgqueue._shared_state() TO pgqueue_admin, pg_monitor;
+GRANT EXECUTE ON FUNCTION pgqueue._queue_depth(), pgqueue._shared_state(), pgqueue._local_time(timestamptz, text)
+    TO pgqueue_admin, pg_monitor;
 
 GRANT EXECUTE ON FUNCTION pgqueue.pgq_version(), pgqueue.pgq_cron_next(text, text, timestamptz, integer) TO PUBLIC;
