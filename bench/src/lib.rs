@@ -1375,7 +1375,8 @@ impl Bench {
 
         self.say(&format!("schedules: {} due at once", s.schedules_due));
         c.execute(
-            "UPDATE pgqueue.schedules SET cron = '*/5 * * * * *', next_run = now()
+            "UPDATE pgqueue.schedules SET cron = '*/5 * * * * *',
+                    next_run = (SELECT pgqueue._cron_next('*/5 * * * * *', 'UTC', now() - interval '5 s', 1))
               WHERE name IN (SELECT 'bench-' || g FROM generate_series(1, $1::bigint) g)",
             &[&s.schedules_due],
         )
@@ -1394,7 +1395,7 @@ impl Bench {
         c.batch_execute("DELETE FROM pgqueue.messages WHERE queue = 'bench'").unwrap();
         // From the next slot on: every 5 s the due schedules fire together.
         c.batch_execute(
-            "UPDATE pgqueue.schedules SET next_run = pgqueue._cron_next(cron, 'UTC', now(), 1)
+            "UPDATE pgqueue.schedules SET next_run = (SELECT pgqueue._cron_next(cron, 'UTC', now(), 1))
               WHERE cron = '*/5 * * * * *'",
         )
         .unwrap();
@@ -1412,16 +1413,16 @@ impl Bench {
                      SELECT (headers->>'scheduled_for')::timestamptz AS slot, headers->>'schedule' AS name,
                             enqueued_at FROM pgqueue.messages WHERE queue = 'bench'
                  ), slots AS (
-                     SELECT count(*) AS n FROM generate_series($1::timestamptz, $2::timestamptz - interval '2 s',
+                     SELECT count(*) AS n FROM generate_series($1::text::timestamptz, $2::text::timestamptz - interval '2 s',
                                                                interval '5 s') g
                  )
                  SELECT count(*), (SELECT n FROM slots) * $3::bigint,
                         count(*) - count(DISTINCT (name, slot)),
-                        extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY enqueued_at - slot)) * 1000,
-                        extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY enqueued_at - slot)) * 1000,
-                        extract(epoch FROM max(enqueued_at - slot)) * 1000,
+                        extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY enqueued_at - slot))::float8 * 1000,
+                        extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY enqueued_at - slot))::float8 * 1000,
+                        extract(epoch FROM max(enqueued_at - slot))::float8 * 1000,
                         (SELECT setting FROM pg_settings WHERE name = 'pgqueue.tick_interval')
-                   FROM runs WHERE slot < $2::timestamptz - interval '2 s'",
+                   FROM runs WHERE slot < $2::text::timestamptz - interval '2 s'",
                 &[&start, &stop, &s.schedules_due],
             )
             .unwrap();
