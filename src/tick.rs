@@ -36,6 +36,8 @@ pub struct Outcome {
     failed: Vec<(&'static str, String)>,
     /// The re-arm pass stopped on its budget with expired claims left.
     pub backlog: bool,
+    /// The earliest next run of a schedule (worker only): it wakes for it before its tick.
+    pub next_schedule: Option<pg_sys::TimestampTz>,
 }
 
 impl Outcome {
@@ -54,7 +56,8 @@ impl Outcome {
 pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     let mut out = Outcome::default();
     let level = sql_level(bracket, &mut out);
-    if plan.all_steps && level >= SQL_SCHEDULES {
+    // Also between full ticks: the worker comes back early when a schedule falls due.
+    if level >= SQL_SCHEDULES {
         fire_schedules(bracket, &mut out);
     }
     if plan.all_steps {
@@ -213,6 +216,16 @@ fn fire_schedules(bracket: Bracket, out: &mut Outcome) {
         if !more || start.elapsed() >= guc::rescue_pass_budget() || matches!(bracket, Bracket::Subtransaction) {
             break;
         }
+    }
+    if matches!(bracket, Bracket::Transaction) {
+        out.next_schedule = step(bracket, out, "schedule", || {
+            Spi::get_one::<pgrx::datum::TimestampWithTimeZone>(
+                "SELECT min(next_run) FROM pgqueue.schedules WHERE NOT paused",
+            )
+            .unwrap_or_else(|e| error!("{e}"))
+        })
+        .flatten()
+        .map(pg_sys::TimestampTz::from);
     }
 }
 

@@ -2,7 +2,7 @@
 //! databases and starts one worker per database; a worker whose database does not have the
 //! extension exits at once, and the launcher looks again every `pgqueue.launcher_naptime`.
 //! A database worker wakes every `pgqueue.tick_interval` and runs a tick (`tick.rs`),
-//! sooner while an expired-claim backlog remains.
+//! sooner while an expired-claim backlog remains or when a schedule falls due.
 
 use crate::guc;
 use crate::tick::{self, Bracket, Plan};
@@ -179,8 +179,16 @@ pub extern "C-unwind" fn pgqueue_worker_main(arg: pg_sys::Datum) {
             let out = tick::run(Bracket::Transaction, Plan { all_steps, first }, &mut pass);
             first = false;
             let until_next = interval.saturating_sub(last_full.map_or(Duration::ZERO, |at| at.elapsed()));
+            // A schedule due before the next tick: wake for it. (One still due after firing
+            // — a lock conflict — waits for the tick, so a conflict never spins.)
+            // SAFETY: reads the clock.
+            let now = unsafe { pg_sys::GetCurrentTimestamp() };
+            let until_schedule = out
+                .next_schedule
+                .filter(|due| *due > now)
+                .map_or(until_next, |due| Duration::from_micros((due - now) as u64));
             // A backlog of expired claims: come straight back for another re-arm pass.
-            wait = if out.backlog { Duration::ZERO } else { until_next };
+            wait = if out.backlog { Duration::ZERO } else { until_next.min(until_schedule) };
         }
         if !BackgroundWorker::wait_latch(Some(wait)) {
             break;
