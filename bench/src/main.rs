@@ -170,11 +170,12 @@ fn print(r: &Report) {
     }
     if let Some(p) = &r.prune {
         println!(
-            "\nprune: {} rows in {:.3} s = {:.0} rows/s ({}); longest claim+ack during it {:.2} ms (lock timeout {} ms); history {} -> {} bytes",
+            "\nprune: {} rows in {:.3} s = {:.0} rows/s ({}, after {} blocked); longest claim+ack during it {:.2} ms (lock timeout {} ms); history {} -> {} bytes",
             p.rows,
             p.seconds,
             p.rows_per_s,
             p.outcome,
+            p.blocked_attempts,
             p.longest_claim_ack_ms,
             p.lock_timeout_ms,
             p.history_bytes_before,
