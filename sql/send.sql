@@ -73,7 +73,9 @@ BEGIN
           FROM unnest(payloads, dedup_keys) WITH ORDINALITY AS u(p, k, n) ORDER BY u.n;
         RETURN;
     END IF;
-    PERFORM pgqueue._check_dedup(NULL, dedup_for);
+    IF dedup_for IS DISTINCT FROM interval '0' THEN
+        PERFORM pgqueue._check_dedup(NULL, dedup_for);
+    END IF;
     due := CASE WHEN delay > interval '0' THEN now() + delay END;
     RETURN QUERY
     WITH sent AS (

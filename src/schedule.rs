@@ -90,8 +90,9 @@ fn next_after(cron: &Cron, t: &DateTime<Tz>) -> Option<DateTime<Tz>> {
 /// search from `t`: a time moved past a spring-forward gap, 03:00 for a 02:30 job, is that
 /// day's slot but does not match the pattern itself.)
 fn next_from(cron: &Cron, t: &DateTime<Tz>) -> Option<DateTime<Tz>> {
-    let whole = if t.timestamp_subsec_micros() == 0 { *t } else { *t + chrono::Duration::seconds(1) };
-    next_after(cron, &(whole - chrono::Duration::seconds(1)))
+    // A fraction of a second past a slot: that slot has passed, search after `t` itself.
+    let from = if t.timestamp_subsec_micros() == 0 { *t - chrono::Duration::seconds(1) } else { *t };
+    next_after(cron, &from)
 }
 
 /// NULL if `pattern` is a valid cron pattern, else what is wrong with it.
