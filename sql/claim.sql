@@ -171,6 +171,60 @@ BEGIN
 END
 $$;
 
+-- A consumer's round trip in one statement and one commit: acks the claims it has finished
+-- (fenced, as pgq_ack) and claims the next ones (as pgq_claim, same arguments). An ack whose
+-- claim was lost (stale token, re-armed, already finished) completes nothing and comes back as
+-- a row of kind 'not_acked' with only its msg_id, before the claimed messages (kind
+-- 'claimed'). The acks commit with the call, so once it has acked something it does not wait
+-- for messages: the consumer's next call, with nothing to ack, does.
+CREATE FUNCTION pgqueue.pgq_ack_claim(
+    queue text,
+    ack_msg_ids bigint[],
+    ack_claim_tokens uuid[],
+    qty integer DEFAULT 1,
+    lease interval DEFAULT NULL,
+    consumer text DEFAULT NULL,
+    session_bound boolean DEFAULT false,
+    wait interval DEFAULT '0'
+) RETURNS TABLE (
+    kind text,
+    msg_id bigint,
+    claim_token uuid,
+    attempt integer,
+    priority smallint,
+    payload jsonb,
+    headers jsonb,
+    enqueued_at timestamptz,
+    lease_expires_at timestamptz
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    acked bigint[];
+    waiting interval := pgq_ack_claim.wait;
+BEGIN
+    PERFORM pgqueue._check_pairs(ack_msg_ids, ack_claim_tokens, 'ack_msg_ids', 'ack_claim_tokens');
+    IF pg_catalog.cardinality(ack_msg_ids) > 0 THEN
+        acked := ARRAY(SELECT pgqueue._to_history(ack_msg_ids, ack_claim_tokens, 'completed'));
+        IF pg_catalog.cardinality(acked) < pg_catalog.cardinality(ack_msg_ids) THEN
+            RETURN QUERY
+            SELECT 'not_acked', u.id, NULL::uuid, NULL::integer, NULL::smallint, NULL::jsonb, NULL::jsonb,
+                   NULL::timestamptz, NULL::timestamptz
+              FROM unnest(ack_msg_ids) WITH ORDINALITY AS u(id, n)
+             WHERE u.id <> ALL (acked)
+             GROUP BY u.id ORDER BY min(u.n);
+        END IF;
+        IF pg_catalog.cardinality(acked) > 0 AND waiting IS DISTINCT FROM interval '0' THEN
+            PERFORM pgqueue._check_wait(waiting);
+            waiting := interval '0';
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT 'claimed', c.* FROM pgqueue.pgq_claim(pgq_ack_claim.queue, pgq_ack_claim.qty, pgq_ack_claim.lease,
+                                                 pgq_ack_claim.consumer, pgq_ack_claim.session_bound, waiting) c;
+END
+$$;
+
 -- Extends the leases of the claims still held; returns the ids whose lease was extended.
 -- An id missing from the result has lost its claim (re-armed, re-claimed, finished, or
 -- never existed): its holder must stop working on it.

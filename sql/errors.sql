@@ -128,18 +128,19 @@ END
 $$;
 
 -- Paired arrays (ids and tokens) must be non-NULL and of the same length.
-CREATE FUNCTION pgqueue._check_pairs(msg_ids bigint[], claim_tokens uuid[]) RETURNS void
+CREATE FUNCTION pgqueue._check_pairs(msg_ids bigint[], claim_tokens uuid[], ids_name text DEFAULT 'msg_ids',
+                                     tokens_name text DEFAULT 'claim_tokens') RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    PERFORM pgqueue._require(msg_ids, 'msg_ids');
-    PERFORM pgqueue._require(claim_tokens, 'claim_tokens');
+    PERFORM pgqueue._require(msg_ids, ids_name);
+    PERFORM pgqueue._require(claim_tokens, tokens_name);
     IF pg_catalog.cardinality(msg_ids) <> pg_catalog.cardinality(claim_tokens) THEN
-        PERFORM pgqueue._invalid('claim_tokens', pg_catalog.format(
+        PERFORM pgqueue._invalid(tokens_name, pg_catalog.format(
             '%s tokens for %s ids', pg_catalog.cardinality(claim_tokens), pg_catalog.cardinality(msg_ids)));
     END IF;
     IF pg_catalog.array_position(msg_ids, NULL) IS NOT NULL
        OR pg_catalog.array_position(claim_tokens, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'pgqueue: msg_ids and claim_tokens must not contain NULL'
+        RAISE EXCEPTION 'pgqueue: % and % must not contain NULL', ids_name, tokens_name
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
 END

@@ -12,6 +12,7 @@ TO pgqueue_producer;
 
 GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_claim(text, integer, interval, text, boolean, interval),
+    pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval),
     pgqueue.pgq_renew(bigint, uuid, interval),
     pgqueue.pgq_renew(bigint[], uuid[], interval),
     pgqueue.pgq_ack(bigint, uuid),
