@@ -44,6 +44,9 @@ $$;
 -- memory, a queue not yet checked by the worker, or too many priorities) it scans from the
 -- start. With wait, an empty claim sleeps until a commit makes messages of the queue
 -- claimable, or until wait has passed.
+-- Its statements run their generic plans (index scans whatever the arguments): left to
+-- choose, PostgreSQL would plan them anew on every call (their LIMIT is a parameter), and
+-- planning cost more than running them.
 CREATE FUNCTION pgqueue.pgq_claim(
     queue text,
     qty integer DEFAULT 1,
@@ -61,7 +64,8 @@ CREATE FUNCTION pgqueue.pgq_claim(
     enqueued_at timestamptz,
     lease_expires_at timestamptz
 )
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queues;
@@ -71,8 +75,8 @@ DECLARE
     s record;
     deadline timestamptz;
     i integer;
+    picked bigint[];
     got bigint;
-    n bigint;
 BEGIN
     -- The checks call their helpers (which raise) only when something is wrong: the claim is
     -- the hottest path, and a function call per check costs more than the claim's own query.
@@ -106,57 +110,45 @@ BEGIN
             IF s.promote AND pgqueue._promote_due(q.queue, 1000) > 0 THEN
                 SELECT * INTO s FROM pgqueue._claim_start(q.queue);
             END IF;
+            -- Pick, then claim what was picked by id.
             IF s.priorities IS NULL THEN
-                RETURN QUERY
-                WITH picked AS (
+                picked := ARRAY(
                     SELECT m.msg_id FROM pgqueue.messages m
                      WHERE m.queue = q.queue AND m.state = 'ready'
                      ORDER BY m.priority DESC, m.msg_id
                      LIMIT pgq_claim.qty
-                       FOR UPDATE SKIP LOCKED
-                ), claimed AS (
-                    UPDATE pgqueue.messages m
-                       SET state = 'claimed', claim_token = gen_random_uuid(), attempt = m.attempt + 1,
-                           claimed_at = now(), lease_expires_at = now() + granted, consumer = pgq_claim.consumer,
-                           session_pid = bound_pid, session_started = bound_start
-                      FROM picked WHERE m.msg_id = picked.msg_id
-                    RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
-                              m.enqueued_at, m.lease_expires_at
-                ), noted AS (
-                    SELECT pgqueue._claimed(q.queue, c.priority, NULL, min(c.msg_id), max(c.msg_id), count(*),
-                                            min(c.lease_expires_at))
-                      FROM claimed c GROUP BY c.priority
-                )
-                SELECT c.* FROM claimed c, (SELECT count(*) FROM noted) k ORDER BY c.priority DESC, c.msg_id;
-                GET DIAGNOSTICS got = ROW_COUNT;
+                       FOR UPDATE SKIP LOCKED);
             ELSE
+                picked := '{}';
                 FOR i IN 1 .. pg_catalog.cardinality(s.priorities) LOOP
-                    RETURN QUERY
-                    WITH picked AS (
+                    picked := picked || ARRAY(
                         SELECT m.msg_id FROM pgqueue.messages m
                          WHERE m.queue = q.queue AND m.state = 'ready'
                            AND m.priority = s.priorities[i] AND m.msg_id >= s.starts[i]
                          ORDER BY m.msg_id
-                         LIMIT pgq_claim.qty - got
-                           FOR UPDATE SKIP LOCKED
-                    ), claimed AS (
-                        UPDATE pgqueue.messages m
-                           SET state = 'claimed', claim_token = gen_random_uuid(), attempt = m.attempt + 1,
-                               claimed_at = now(), lease_expires_at = now() + granted, consumer = pgq_claim.consumer,
-                               session_pid = bound_pid, session_started = bound_start
-                          FROM picked WHERE m.msg_id = picked.msg_id
-                        RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
-                                  m.enqueued_at, m.lease_expires_at
-                    ), noted AS (
-                        SELECT pgqueue._claimed(q.queue, s.priorities[i], s.epoch, min(c.msg_id), max(c.msg_id),
-                                                count(*), min(c.lease_expires_at))
-                          FROM claimed c
-                    )
-                    SELECT c.* FROM claimed c, noted ORDER BY c.msg_id;
-                    GET DIAGNOSTICS n = ROW_COUNT;
-                    got := got + n;
-                    EXIT WHEN got >= pgq_claim.qty;
+                         LIMIT pgq_claim.qty - pg_catalog.cardinality(picked)
+                           FOR UPDATE SKIP LOCKED);
+                    EXIT WHEN pg_catalog.cardinality(picked) >= pgq_claim.qty;
                 END LOOP;
+            END IF;
+            IF pg_catalog.cardinality(picked) > 0 THEN
+                RETURN QUERY
+                WITH claimed AS (
+                    UPDATE pgqueue.messages m
+                       SET state = 'claimed', claim_token = gen_random_uuid(), attempt = m.attempt + 1,
+                           claimed_at = now(), lease_expires_at = now() + granted, consumer = pgq_claim.consumer,
+                           session_pid = bound_pid, session_started = bound_start
+                     WHERE m.msg_id = ANY (picked)
+                    RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
+                              m.enqueued_at, m.lease_expires_at
+                ), noted AS (
+                    -- Hints are raised only by a claim that started from them.
+                    SELECT pgqueue._claimed(q.queue, c.priority, CASE WHEN s.priorities IS NOT NULL THEN s.epoch END,
+                                            min(c.msg_id), max(c.msg_id), count(*), min(c.lease_expires_at))
+                      FROM claimed c GROUP BY c.priority
+                )
+                SELECT c.* FROM claimed c, (SELECT count(*) FROM noted) k ORDER BY c.priority DESC, c.msg_id;
+                GET DIAGNOSTICS got = ROW_COUNT;
             END IF;
         END IF;
         EXIT WHEN got > 0 OR clock_timestamp() >= deadline;
@@ -203,7 +195,12 @@ DECLARE
     acked bigint[];
     waiting interval := pgq_ack_claim.wait;
 BEGIN
-    PERFORM pgqueue._check_pairs(ack_msg_ids, ack_claim_tokens, 'ack_msg_ids', 'ack_claim_tokens');
+    IF ack_msg_ids IS NULL OR ack_claim_tokens IS NULL
+       OR pg_catalog.cardinality(ack_msg_ids) <> pg_catalog.cardinality(ack_claim_tokens)
+       OR pg_catalog.array_position(ack_msg_ids, NULL) IS NOT NULL
+       OR pg_catalog.array_position(ack_claim_tokens, NULL) IS NOT NULL THEN
+        PERFORM pgqueue._check_pairs(ack_msg_ids, ack_claim_tokens, 'ack_msg_ids', 'ack_claim_tokens');
+    END IF;
     IF pg_catalog.cardinality(ack_msg_ids) > 0 THEN
         acked := ARRAY(SELECT pgqueue._to_history(ack_msg_ids, ack_claim_tokens, 'completed'));
         IF pg_catalog.cardinality(acked) < pg_catalog.cardinality(ack_msg_ids) THEN

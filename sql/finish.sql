@@ -5,10 +5,12 @@
 -- Moves messages out of the hot table into their queue's history, as completed or dead, in
 -- one statement. With claim_tokens, only the claims still held under those tokens move (the
 -- fence); without (NULL), the given messages move. Returns the ids that moved.
--- PL/pgSQL rather than SQL: its statements' plans are cached across calls.
+-- PL/pgSQL rather than SQL: its statements' plans are cached across calls. And always the
+-- generic plan (a lookup by primary key whatever the ids): left to choose, PostgreSQL plans
+-- this statement anew on every call, which costs more than running it.
 CREATE FUNCTION pgqueue._to_history(msg_ids bigint[], claim_tokens uuid[], outcome text, error text DEFAULT NULL)
 RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_variable
 BEGIN
     RETURN QUERY

@@ -23,6 +23,161 @@ BEGIN
 END
 $$;
 
+-- Claims pick, then claim by id, and run generic plans (no planning per call).
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_claim(
+    queue text,
+    qty integer DEFAULT 1,
+    lease interval DEFAULT NULL,
+    consumer text DEFAULT NULL,
+    session_bound boolean DEFAULT false,
+    wait interval DEFAULT '0'
+) RETURNS TABLE (
+    msg_id bigint,
+    claim_token uuid,
+    attempt integer,
+    priority smallint,
+    payload jsonb,
+    headers jsonb,
+    enqueued_at timestamptz,
+    lease_expires_at timestamptz
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    q pgqueue.queues;
+    granted interval;
+    bound_pid integer;
+    bound_start timestamptz;
+    s record;
+    deadline timestamptz;
+    i integer;
+    picked bigint[];
+    got bigint;
+BEGIN
+    -- The checks call their helpers (which raise) only when something is wrong: the claim is
+    -- the hottest path, and a function call per check costs more than the claim's own query.
+    SELECT * INTO q FROM pgqueue.queues qs WHERE qs.queue = pgq_claim.queue;
+    IF NOT FOUND THEN
+        q := pgqueue._queue(pgq_claim.queue);
+    END IF;
+    IF pgq_claim.qty IS NULL OR pgq_claim.qty NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgqueue._invalid('qty', pg_catalog.format('%s is not between 1 and 1000',
+                                                            pgqueue._require(pgq_claim.qty, 'qty')));
+    END IF;
+    IF pgq_claim.lease IS NOT NULL THEN
+        PERFORM pgqueue._check_lease(pgq_claim.lease);
+    END IF;
+    granted := coalesce(pgq_claim.lease, q.lease);
+    IF pgq_claim.session_bound IS NULL THEN
+        PERFORM pgqueue._require(pgq_claim.session_bound, 'session_bound');
+    ELSIF pgq_claim.session_bound THEN
+        bound_pid := pg_backend_pid();
+        SELECT a.backend_start INTO bound_start FROM pg_stat_get_activity(bound_pid) a;
+    END IF;
+    IF pgq_claim.wait IS DISTINCT FROM interval '0' THEN
+        PERFORM pgqueue._check_wait(pgq_claim.wait);
+    END IF;
+    deadline := clock_timestamp() + pgq_claim.wait;
+    LOOP
+        -- Read before the claim's snapshot: what it reports is what this attempt can see.
+        SELECT * INTO s FROM pgqueue._claim_start(q.queue);
+        got := 0;
+        IF NOT q.paused THEN
+            IF s.promote AND pgqueue._promote_due(q.queue, 1000) > 0 THEN
+                SELECT * INTO s FROM pgqueue._claim_start(q.queue);
+            END IF;
+            -- Pick, then claim what was picked by id.
+            IF s.priorities IS NULL THEN
+                picked := ARRAY(
+                    SELECT m.msg_id FROM pgqueue.messages m
+                     WHERE m.queue = q.queue AND m.state = 'ready'
+                     ORDER BY m.priority DESC, m.msg_id
+                     LIMIT pgq_claim.qty
+                       FOR UPDATE SKIP LOCKED);
+            ELSE
+                picked := '{}';
+                FOR i IN 1 .. pg_catalog.cardinality(s.priorities) LOOP
+                    picked := picked || ARRAY(
+                        SELECT m.msg_id FROM pgqueue.messages m
+                         WHERE m.queue = q.queue AND m.state = 'ready'
+                           AND m.priority = s.priorities[i] AND m.msg_id >= s.starts[i]
+                         ORDER BY m.msg_id
+                         LIMIT pgq_claim.qty - pg_catalog.cardinality(picked)
+                           FOR UPDATE SKIP LOCKED);
+                    EXIT WHEN pg_catalog.cardinality(picked) >= pgq_claim.qty;
+                END LOOP;
+            END IF;
+            IF pg_catalog.cardinality(picked) > 0 THEN
+                RETURN QUERY
+                WITH claimed AS (
+                    UPDATE pgqueue.messages m
+                       SET state = 'claimed', claim_token = gen_random_uuid(), attempt = m.attempt + 1,
+                           claimed_at = now(), lease_expires_at = now() + granted, consumer = pgq_claim.consumer,
+                           session_pid = bound_pid, session_started = bound_start
+                     WHERE m.msg_id = ANY (picked)
+                    RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
+                              m.enqueued_at, m.lease_expires_at
+                ), noted AS (
+                    -- Hints are raised only by a claim that started from them.
+                    SELECT pgqueue._claimed(q.queue, c.priority, CASE WHEN s.priorities IS NOT NULL THEN s.epoch END,
+                                            min(c.msg_id), max(c.msg_id), count(*), min(c.lease_expires_at))
+                      FROM claimed c GROUP BY c.priority
+                )
+                SELECT c.* FROM claimed c, (SELECT count(*) FROM noted) k ORDER BY c.priority DESC, c.msg_id;
+                GET DIAGNOSTICS got = ROW_COUNT;
+            END IF;
+        END IF;
+        EXIT WHEN got > 0 OR clock_timestamp() >= deadline;
+        -- Nothing yet: sleep until a commit makes messages of this queue claimable (or the
+        -- queue is resumed), then try again; one last try at the deadline.
+        PERFORM pgqueue._wait(q.queue, s.seq, deadline);
+        SELECT * INTO q FROM pgqueue.queues qs WHERE qs.queue = pgq_claim.queue;
+        IF NOT FOUND THEN
+            q := pgqueue._queue(pgq_claim.queue);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Acks run the generic plan of their statement.
+
+CREATE OR REPLACE FUNCTION pgqueue._to_history(msg_ids bigint[], claim_tokens uuid[], outcome text, error text DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_variable
+BEGIN
+    RETURN QUERY
+    WITH gone AS (
+        DELETE FROM pgqueue.messages m
+         USING unnest(msg_ids, claim_tokens) AS u(id, token)
+         WHERE m.msg_id = u.id AND (claim_tokens IS NULL OR (m.claim_token = u.token AND m.state = 'claimed'))
+        RETURNING m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
+                  m.last_error, m.dedup_key
+    ), released AS (
+        -- Unique jobs: a finished message's key is free again, or kept for its hold.
+        DELETE FROM pgqueue.dedup_keys d USING gone g
+         WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
+           AND d.msg_id = g.msg_id AND d.hold = interval '0'
+    ), held AS (
+        UPDATE pgqueue.dedup_keys d SET expires_at = now() + d.hold FROM gone g
+         WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
+           AND d.msg_id = g.msg_id AND d.hold > interval '0'
+    ), kept AS (
+        INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, headers,
+                                     enqueued_at, last_error)
+        SELECT g.msg_id, g.queue, outcome, g.priority, g.attempt, g.payload, g.headers,
+               g.enqueued_at, coalesce(error, g.last_error)
+          FROM gone g
+        RETURNING history.msg_id
+    ), noted AS (
+        SELECT pgqueue._note(g.queue, count(*), g.state, NULL) FROM gone g GROUP BY g.queue, g.state
+    )
+    SELECT k.msg_id FROM kept k, (SELECT count(*) FROM noted) n ORDER BY k.msg_id;
+END
+$$;
+
 -- The consumer's round trip: ack what it finished and claim the next, one statement.
 
 CREATE FUNCTION pgqueue.pgq_ack_claim(
@@ -51,7 +206,12 @@ DECLARE
     acked bigint[];
     waiting interval := pgq_ack_claim.wait;
 BEGIN
-    PERFORM pgqueue._check_pairs(ack_msg_ids, ack_claim_tokens, 'ack_msg_ids', 'ack_claim_tokens');
+    IF ack_msg_ids IS NULL OR ack_claim_tokens IS NULL
+       OR pg_catalog.cardinality(ack_msg_ids) <> pg_catalog.cardinality(ack_claim_tokens)
+       OR pg_catalog.array_position(ack_msg_ids, NULL) IS NOT NULL
+       OR pg_catalog.array_position(ack_claim_tokens, NULL) IS NOT NULL THEN
+        PERFORM pgqueue._check_pairs(ack_msg_ids, ack_claim_tokens, 'ack_msg_ids', 'ack_claim_tokens');
+    END IF;
     IF pg_catalog.cardinality(ack_msg_ids) > 0 THEN
         acked := ARRAY(SELECT pgqueue._to_history(ack_msg_ids, ack_claim_tokens, 'completed'));
         IF pg_catalog.cardinality(acked) < pg_catalog.cardinality(ack_msg_ids) THEN
