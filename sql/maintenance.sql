@@ -114,10 +114,14 @@ BEGIN
 END
 $$;
 
--- Removes each queue's completed and dead-lettered messages past its retention by dropping
--- whole day partitions (and truncating the default partition once all of it is past). Locks
--- are only waited for up to pgqueue.prune_lock_timeout; one row per queue and partition:
---   pruned          the partition was dropped (rows: how many it held)
+-- Removes each queue's completed and dead-lettered messages past its retention, a whole day
+-- partition at a time: it is truncated, and dropped empty by a later prune. Acks insert
+-- through the queue's history into today's partition, so neither step makes them wait:
+-- truncating locks only the old partition, and the drop (which must lock the queue's
+-- history too) takes its locks only if they are free at once, last, and only in a call that
+-- truncated nothing, so that its commit has no data to unlink. Lock waits are bounded
+-- by pgqueue.prune_lock_timeout. One row per queue and partition:
+--   pruned          the partition was emptied (rows: how many it held)
 --   noop            nothing of this queue is past its retention
 --   blocked         the lock was not granted within the timeout; tried again next time
 --   skipped_active  another session is pruning this queue, or restoring its history, right now
@@ -140,6 +144,9 @@ DECLARE
     setback boolean;
     parent regclass;
     unindexed text;
+    empties text[] := '{}';  -- [queue's history, emptied partition] pairs
+    truncated boolean := false;
+    k integer;
 BEGIN
     IF pgq_prune.queue IS NOT NULL THEN
         PERFORM pgqueue._queue(pgq_prune.queue);
@@ -183,24 +190,20 @@ BEGIN
             LOOP
                 CONTINUE WHEN part.day IS NOT NULL AND (part.day + 1)::timestamptz > cutoff;
                 BEGIN
-                    -- Only the lock waits are bounded by the prune lock timeout.
+                    -- Only the lock wait is bounded by the prune lock timeout. The lock comes
+                    -- first, so no ack can slip in between the count and the truncate.
                     PERFORM set_config('lock_timeout', timeout, true);
-                    IF part.day IS NULL THEN
-                        -- The default partition: truncated once everything in it is past. Lock
-                        -- first, so no ack can slip in between the check and the truncate.
-                        EXECUTE format('LOCK TABLE pgqueue.%I IN ACCESS EXCLUSIVE MODE', part.name);
-                        PERFORM set_config('lock_timeout', '5s', true);
-                        EXECUTE format('SELECT count(*), max(finished_at) FROM pgqueue.%I', part.name)
-                           INTO n, newest;
-                        CONTINUE WHEN n = 0 OR newest > cutoff;
-                        EXECUTE format('TRUNCATE pgqueue.%I', part.name);
-                    ELSE
-                        PERFORM set_config('lock_timeout', '5s', true);
-                        EXECUTE format('SELECT count(*) FROM pgqueue.%I', part.name) INTO n;
-                        PERFORM set_config('lock_timeout', timeout, true);
-                        EXECUTE format('DROP TABLE pgqueue.%I', part.name);
-                        PERFORM set_config('lock_timeout', '5s', true);
+                    EXECUTE format('LOCK TABLE ONLY pgqueue.%I IN ACCESS EXCLUSIVE MODE', part.name);
+                    PERFORM set_config('lock_timeout', '5s', true);
+                    EXECUTE format('SELECT count(*), max(finished_at) FROM pgqueue.%I', part.name)
+                       INTO n, newest;
+                    IF n = 0 AND part.day IS NOT NULL THEN
+                        empties := empties || ARRAY[[parent::text, format('pgqueue.%I', part.name)]];
                     END IF;
+                    -- The default partition only once everything in it is past.
+                    CONTINUE WHEN n = 0 OR newest > cutoff;
+                    EXECUTE format('TRUNCATE pgqueue.%I', part.name);
+                    truncated := true;
                     r.target := part.name;
                     r.outcome := 'pruned';
                     r.rows := n;
@@ -239,6 +242,18 @@ BEGIN
             END IF;
         EXCEPTION WHEN lock_not_available OR foreign_key_violation THEN
             NULL;
+        END;
+    END LOOP;
+    -- Last, so that no other work of this call runs while a queue's history is locked.
+    FOR k IN 1 .. CASE WHEN truncated THEN 0 ELSE coalesce(array_length(empties, 1), 0) END LOOP
+        BEGIN
+            EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE NOWAIT', empties[k][2]);
+            EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE NOWAIT', empties[k][1]);
+            EXECUTE format('DROP TABLE %s', empties[k][2]);
+        EXCEPTION
+            WHEN lock_not_available THEN NULL;  -- in use right now: a later prune drops it
+            WHEN OTHERS THEN
+                RAISE WARNING 'pgqueue: dropping the emptied partition % failed: %', empties[k][2], SQLERRM;
         END;
     END LOOP;
 END

@@ -18,11 +18,54 @@ fn prune_drops_partitions_past_retention() {
     c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap();
 
     assert_eq!(prune(&mut c, &q), vec![(part.clone(), "pruned".to_string(), 1000)]);
-    let gone: Option<String> = c.query_one("SELECT to_regclass('pgqueue.' || $1)::text", &[&part]).unwrap().get(0);
-    assert_eq!(gone, None, "the whole partition is dropped, not its rows deleted");
+    let pages: i64 = c.query_one("SELECT pg_relation_size(format('pgqueue.%I', $1::text))", &[&part]).unwrap().get(0);
+    assert_eq!(pages, 0, "the whole partition is truncated, not its rows deleted");
     let kept: i64 = c.query_one("SELECT count(*) FROM pgqueue.history WHERE queue = $1", &[&q]).unwrap().get(0);
     assert_eq!(kept, 1, "recent history is kept");
+    // The emptied partition goes at the next prune, which has nothing left to remove.
     assert_eq!(prune(&mut c, &q), vec![(format!("history_{q}"), "noop".to_string(), 0)]);
+    assert_eq!(regclass(&mut c, &part), None, "the emptied partition is dropped");
+    assert_eq!(prune(&mut c, &q), vec![(format!("history_{q}"), "noop".to_string(), 0)]);
+}
+
+fn regclass(c: &mut crate::common::Client, part: &str) -> Option<String> {
+    c.query_one("SELECT to_regclass(format('pgqueue.%I', $1::text))::text", &[&part]).unwrap().get(0)
+}
+
+/// Acks insert through the queue's history into today's partition and hold its lock until
+/// they commit. Pruning never waits for them, nor makes them wait: the truncate locks only
+/// the old partition, and the drop of an emptied one takes the history's lock only if it is
+/// free at once (else a later prune drops it).
+#[test]
+fn pruning_neither_waits_for_acks_nor_holds_them_up() {
+    let mut c = connect();
+    let (q, part) = queue_with_old_history(&mut c, 100);
+    c.execute("SELECT pgqueue.pgq_send_batch($1, ARRAY['{}', '{}']::jsonb[])", &[&q]).unwrap();
+    let held: Vec<(i64, uuid::Uuid)> = c
+        .query("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, 2)", &[&q])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut acker = connect();
+    let ack = |acker: &mut crate::common::Client, (id, token): (i64, uuid::Uuid)| {
+        acker.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get::<_, bool>(0)
+    };
+    acker.batch_execute("BEGIN").unwrap();
+    assert!(ack(&mut acker, held[0]));
+    c.batch_execute("SET pgqueue.prune_lock_timeout = '5s'").unwrap();
+    let start = Instant::now();
+    assert_eq!(prune(&mut c, &q), vec![(part.clone(), "pruned".to_string(), 100)], "truncated under an open ack");
+    assert_eq!(prune(&mut c, &q), vec![(format!("history_{q}"), "noop".to_string(), 0)]);
+    assert!(start.elapsed() < Duration::from_secs(4), "pruning waited for the open ack: {:?}", start.elapsed());
+    assert!(regclass(&mut c, &part).is_some(), "the emptied partition waits until the history is free");
+    // The open ack was not made to wait either: a second ack in its transaction goes through.
+    assert!(ack(&mut acker, held[1]));
+    acker.batch_execute("COMMIT").unwrap();
+    assert_eq!(prune(&mut c, &q), vec![(format!("history_{q}"), "noop".to_string(), 0)]);
+    assert_eq!(regclass(&mut c, &part), None, "dropped once nothing held the history");
+    let done: i64 = c.query_one("SELECT count(*) FROM pgqueue.history WHERE queue = $1", &[&q]).unwrap().get(0);
+    assert_eq!(done, 2, "both acks are in today's history");
 }
 
 #[test]
