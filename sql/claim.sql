@@ -167,8 +167,9 @@ $$;
 -- (fenced, as pgq_ack) and claims the next ones (as pgq_claim, same arguments). An ack whose
 -- claim was lost (stale token, re-armed, already finished) completes nothing and comes back as
 -- a row of kind 'not_acked' with only its msg_id, before the claimed messages (kind
--- 'claimed'). The acks commit with the call, so once it has acked something it does not wait
--- for messages: the consumer's next call, with nothing to ack, does.
+-- 'claimed'). The acks commit with the call, and their report must not come late: a call
+-- with something to ack does not wait for messages; the consumer's next call, with nothing
+-- to ack, does.
 CREATE FUNCTION pgqueue.pgq_ack_claim(
     queue text,
     ack_msg_ids bigint[],
@@ -195,8 +196,12 @@ DECLARE
     acked bigint[];
     waiting interval := pgq_ack_claim.wait;
 BEGIN
+    -- The checks (which raise) are called only when something is wrong: a hot path.
     IF ack_msg_ids IS NULL OR ack_claim_tokens IS NULL
-       OR pg_catalog.cardinality(ack_msg_ids) <> pg_catalog.cardinality(ack_claim_tokens)
+       OR pg_catalog.array_ndims(ack_msg_ids) > 1 OR pg_catalog.array_ndims(ack_claim_tokens) > 1 THEN
+        PERFORM pgqueue._check_pairs(ack_msg_ids, ack_claim_tokens, 'ack_msg_ids', 'ack_claim_tokens');
+    END IF;
+    IF pg_catalog.cardinality(ack_msg_ids) <> pg_catalog.cardinality(ack_claim_tokens)
        OR pg_catalog.array_position(ack_msg_ids, NULL) IS NOT NULL
        OR pg_catalog.array_position(ack_claim_tokens, NULL) IS NOT NULL THEN
         PERFORM pgqueue._check_pairs(ack_msg_ids, ack_claim_tokens, 'ack_msg_ids', 'ack_claim_tokens');
@@ -211,14 +216,15 @@ BEGIN
              WHERE u.id <> ALL (acked)
              GROUP BY u.id ORDER BY min(u.n);
         END IF;
-        IF pg_catalog.cardinality(acked) > 0 AND waiting IS DISTINCT FROM interval '0' THEN
+        IF waiting IS DISTINCT FROM interval '0' THEN
             PERFORM pgqueue._check_wait(waiting);
             waiting := interval '0';
         END IF;
     END IF;
     RETURN QUERY
     SELECT 'claimed', c.* FROM pgqueue.pgq_claim(pgq_ack_claim.queue, pgq_ack_claim.qty, pgq_ack_claim.lease,
-                                                 pgq_ack_claim.consumer, pgq_ack_claim.session_bound, waiting) c;
+                                                 pgq_ack_claim.consumer, pgq_ack_claim.session_bound, waiting) c
+     ORDER BY c.priority DESC, c.msg_id;
 END
 $$;
 

@@ -134,6 +134,10 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     PERFORM pgqueue._require(msg_ids, ids_name);
     PERFORM pgqueue._require(claim_tokens, tokens_name);
+    IF pg_catalog.array_ndims(msg_ids) > 1 OR pg_catalog.array_ndims(claim_tokens) > 1 THEN
+        PERFORM pgqueue._invalid(CASE WHEN pg_catalog.array_ndims(msg_ids) > 1 THEN ids_name ELSE tokens_name END,
+                                 'a one-dimensional array is expected');
+    END IF;
     IF pg_catalog.cardinality(msg_ids) <> pg_catalog.cardinality(claim_tokens) THEN
         PERFORM pgqueue._invalid(tokens_name, pg_catalog.format(
             '%s tokens for %s ids', pg_catalog.cardinality(claim_tokens), pg_catalog.cardinality(msg_ids)));

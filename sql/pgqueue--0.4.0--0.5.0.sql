@@ -11,6 +11,10 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     PERFORM pgqueue._require(msg_ids, ids_name);
     PERFORM pgqueue._require(claim_tokens, tokens_name);
+    IF pg_catalog.array_ndims(msg_ids) > 1 OR pg_catalog.array_ndims(claim_tokens) > 1 THEN
+        PERFORM pgqueue._invalid(CASE WHEN pg_catalog.array_ndims(msg_ids) > 1 THEN ids_name ELSE tokens_name END,
+                                 'a one-dimensional array is expected');
+    END IF;
     IF pg_catalog.cardinality(msg_ids) <> pg_catalog.cardinality(claim_tokens) THEN
         PERFORM pgqueue._invalid(tokens_name, pg_catalog.format(
             '%s tokens for %s ids', pg_catalog.cardinality(claim_tokens), pg_catalog.cardinality(msg_ids)));
@@ -338,8 +342,12 @@ DECLARE
     acked bigint[];
     waiting interval := pgq_ack_claim.wait;
 BEGIN
+    -- The checks (which raise) are called only when something is wrong: a hot path.
     IF ack_msg_ids IS NULL OR ack_claim_tokens IS NULL
-       OR pg_catalog.cardinality(ack_msg_ids) <> pg_catalog.cardinality(ack_claim_tokens)
+       OR pg_catalog.array_ndims(ack_msg_ids) > 1 OR pg_catalog.array_ndims(ack_claim_tokens) > 1 THEN
+        PERFORM pgqueue._check_pairs(ack_msg_ids, ack_claim_tokens, 'ack_msg_ids', 'ack_claim_tokens');
+    END IF;
+    IF pg_catalog.cardinality(ack_msg_ids) <> pg_catalog.cardinality(ack_claim_tokens)
        OR pg_catalog.array_position(ack_msg_ids, NULL) IS NOT NULL
        OR pg_catalog.array_position(ack_claim_tokens, NULL) IS NOT NULL THEN
         PERFORM pgqueue._check_pairs(ack_msg_ids, ack_claim_tokens, 'ack_msg_ids', 'ack_claim_tokens');
@@ -354,14 +362,15 @@ BEGIN
              WHERE u.id <> ALL (acked)
              GROUP BY u.id ORDER BY min(u.n);
         END IF;
-        IF pg_catalog.cardinality(acked) > 0 AND waiting IS DISTINCT FROM interval '0' THEN
+        IF waiting IS DISTINCT FROM interval '0' THEN
             PERFORM pgqueue._check_wait(waiting);
             waiting := interval '0';
         END IF;
     END IF;
     RETURN QUERY
     SELECT 'claimed', c.* FROM pgqueue.pgq_claim(pgq_ack_claim.queue, pgq_ack_claim.qty, pgq_ack_claim.lease,
-                                                 pgq_ack_claim.consumer, pgq_ack_claim.session_bound, waiting) c;
+                                                 pgq_ack_claim.consumer, pgq_ack_claim.session_bound, waiting) c
+     ORDER BY c.priority DESC, c.msg_id;
 END
 $$;
 

@@ -9,6 +9,7 @@ fn connect() -> common::Client {
     common::connect()
 }
 
+mod ack_claim;
 mod api;
 mod concurrency;
 mod maintenance;
