@@ -14,15 +14,19 @@ fn every_scenario_runs_at_tiny_sizes() {
     let sizes = Sizes::smoke();
     assert_eq!(report.flatness.len(), 2 * (sizes.depths.len() + 1), "each depth, for both systems");
     assert!(report.flatness.iter().all(|p| p.buffers > 0 && p.p50_us > 0));
-    // Per consumer count: 2 systems x 2 batch sizes, plus pgbench.
-    assert_eq!(report.throughput.len(), 5 * sizes.consumers.len());
+    // Per consumer count: 2 systems x 2 batch sizes x 2 modes (two calls, one call), plus pgbench.
+    assert_eq!(report.throughput.len(), 9 * sizes.consumers.len());
     assert!(report.throughput.iter().filter(|p| p.system != "pgbench -N").all(|p| p.jobs_per_s > 0.0));
+    assert_eq!(report.throughput.iter().filter(|p| p.mode == "one-call").count(), 4 * sizes.consumers.len());
+    assert!(report.throughput.iter().filter(|p| p.jobs_per_s > 0.0).all(|p| p.of_best > 0.0 && p.of_best <= 1.0));
     let rescue = report.rescue.expect("rescue ran");
     assert_eq!(rescue.claims, sizes.rescue_claims);
     assert!(rescue.claims_per_s > 0.0);
     let prune = report.prune.expect("prune ran");
     assert_eq!((prune.outcome.as_str(), prune.rows), ("pruned", sizes.prune_rows));
     assert!(prune.history_bytes_after < prune.history_bytes_before);
+    assert!(prune.idle_rounds > 0 && prune.idle_p99_ms > 0.0 && prune.longest_during_prune_ms > 0.0);
+    assert!(prune.lock_samples > 0);
     assert_eq!(report.renewals.len(), 2);
     assert!(report.renewals.iter().all(|r| r.updates >= sizes.renewals));
     assert_eq!(report.enqueue.len(), 4);
@@ -42,4 +46,11 @@ fn every_scenario_runs_at_tiny_sizes() {
     assert_eq!(schedules.live_duplicates, 0);
     assert_eq!(report.unique.len(), 3);
     assert!(report.unique.iter().all(|u| u.messages_per_s > 0.0));
+    // Per consumer count, both systems; what the consumers acked, and when they claimed it.
+    assert_eq!(report.harness.len(), 2 * sizes.harness_consumers.len());
+    assert!(report.harness.iter().all(|h| h.jobs_per_s > 0.0 && h.sent_per_s > 0.0 && h.pickup_p99_ms > 0.0));
+    // 2 systems x 2 batch sizes x 2 modes.
+    assert_eq!(report.bytes.len(), 8);
+    assert!(report.bytes.iter().all(|b| b.jobs > 0 && b.wal_per_job > 0.0 && b.hot_bytes_end > 0 && b.heap_bytes > 0));
+    assert!(report.bytes.iter().all(|b| (b.system == "pgqueue") == b.history_bytes_end.is_some()));
 }

@@ -57,6 +57,30 @@ pub struct Sizes {
     pub schedules: i64,
     pub schedules_due: i64,
     pub schedules_for: Duration,
+    /// Harness: consumer counts; the ready depth one producer keeps (sending batches of
+    /// `harness_batch`); the most a consumer claims per call (less when consumers x qty
+    /// would exceed the depth); the simulated handler's time per job; warm-up, then measured.
+    pub harness_consumers: Vec<usize>,
+    pub harness_depth: i64,
+    pub harness_batch: usize,
+    pub harness_qty: i32,
+    pub harness_handler: Duration,
+    pub harness_warmup: Duration,
+    pub harness_for: Duration,
+    /// With nothing to claim, a pgqueue consumer waits in its call (pgq_ack_claim's `wait`,
+    /// woken by a send's commit) up to `harness_wait`; a baseline consumer (no such wait)
+    /// sleeps `harness_poll` before it polls again.
+    pub harness_wait: Duration,
+    pub harness_poll: Duration,
+    /// Bytes: consumers per point; the background WAL is measured for `bytes_warmup` before
+    /// the run, which then warms up as long before `bytes_for` is measured.
+    pub bytes_consumers: usize,
+    pub bytes_warmup: Duration,
+    pub bytes_for: Duration,
+    /// Prune: how long the consumers' rounds are measured before the prune (idle p99), and
+    /// how often pg_locks is sampled for waiting backends.
+    pub prune_idle_for: Duration,
+    pub lock_sample_every: Duration,
 }
 
 impl Sizes {
@@ -66,7 +90,7 @@ impl Sizes {
             depths: vec![0, 1_000, 10_000, 100_000],
             delayed: 100_000,
             claims_per_point: 2_000,
-            consumers: vec![1, 4, 16, 64],
+            consumers: vec![1, 4, 16, 64, 256],
             in_flight: 10_000,
             run_for: Duration::from_secs(10),
             rescue_claims: 1_000_000,
@@ -91,6 +115,20 @@ impl Sizes {
             schedules: 10_000,
             schedules_due: 1_000,
             schedules_for: Duration::from_secs(30),
+            harness_consumers: vec![1, 4, 16, 64, 256],
+            harness_depth: 2_000,
+            harness_batch: 100,
+            harness_qty: 32,
+            harness_handler: Duration::from_millis(1),
+            harness_warmup: Duration::from_secs(2),
+            harness_for: Duration::from_secs(10),
+            harness_wait: Duration::from_secs(1),
+            harness_poll: Duration::from_millis(10),
+            bytes_consumers: 16,
+            bytes_warmup: Duration::from_secs(2),
+            bytes_for: Duration::from_secs(15),
+            prune_idle_for: Duration::from_secs(3),
+            lock_sample_every: Duration::from_millis(5),
         }
     }
 
@@ -126,6 +164,20 @@ impl Sizes {
             schedules: 200,
             schedules_due: 20,
             schedules_for: Duration::from_secs(6),
+            harness_consumers: vec![1, 2],
+            harness_depth: 200,
+            harness_batch: 20,
+            harness_qty: 8,
+            harness_handler: Duration::from_millis(1),
+            harness_warmup: Duration::from_millis(200),
+            harness_for: Duration::from_millis(500),
+            harness_wait: Duration::from_millis(100),
+            harness_poll: Duration::from_millis(10),
+            bytes_consumers: 2,
+            bytes_warmup: Duration::from_millis(200),
+            bytes_for: Duration::from_millis(500),
+            prune_idle_for: Duration::from_millis(300),
+            lock_sample_every: Duration::from_millis(5),
         }
     }
 }
@@ -144,6 +196,8 @@ pub struct Report {
     pub pickup: Option<Pickup>,
     pub schedules: Option<Schedules>,
     pub unique: Vec<SendRate>,
+    pub harness: Vec<HarnessPoint>,
+    pub bytes: Vec<BytesPoint>,
 }
 
 #[derive(Serialize, Clone)]
@@ -159,10 +213,21 @@ pub struct FlatPoint {
 #[derive(Serialize, Clone)]
 pub struct ThroughputPoint {
     pub system: String,
+    /// "two-call" (claim, then ack: two statements, two commits per round), "one-call"
+    /// (pgq_ack_claim; the baseline's delete-ack and claim in one statement: one commit per
+    /// round); empty for pgbench.
+    pub mode: String,
     pub consumers: usize,
     pub qty: i32,
+    /// Jobs per second (pgbench: tps).
     pub jobs_per_s: f64,
+    /// p99 of one round (two-call: claim + ack; one-call: one call).
     pub p99_ms: f64,
+    /// jobs_per_s ÷ pgbench -N's tps at the same consumer count (None for pgbench itself,
+    /// or without pgbench).
+    pub of_pgbench: Option<f64>,
+    /// jobs_per_s ÷ the best jobs_per_s of the same system, mode and qty at any count.
+    pub of_best: f64,
 }
 
 #[derive(Serialize)]
@@ -186,6 +251,24 @@ pub struct Prune {
     pub lock_timeout_ms: i64,
     pub history_bytes_before: i64,
     pub history_bytes_after: i64,
+    /// The same consumers just before the prune, for `idle_seconds`: rounds and their p99.
+    pub idle_seconds: f64,
+    pub idle_rounds: u64,
+    pub idle_p99_ms: f64,
+    /// The longest round that overlapped a pgq_prune call (from the first attempt's start to
+    /// the end of the one that pruned), and that ÷ idle_p99_ms.
+    pub longest_during_prune_ms: f64,
+    pub during_vs_idle_p99: f64,
+    /// pg_locks sampled every `lock_sample_ms` from a separate connection (waits shorter
+    /// than that can be missed): the longest wait seen during the prune call(s) by the
+    /// consumers and by the prune itself (`pg_locks.waitstart` to the sample), what the
+    /// consumers' longest wait was for, and the consumers' longest wait while idle.
+    pub lock_sample_ms: f64,
+    pub lock_samples: u64,
+    pub lock_wait_consumers_ms: f64,
+    pub lock_wait_consumers_on: String,
+    pub lock_wait_prune_ms: f64,
+    pub lock_wait_idle_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -302,6 +385,100 @@ pub struct Schedules {
     pub lateness_p50_ms: f64,
     pub lateness_p99_ms: f64,
     pub lateness_max_ms: f64,
+}
+
+/// A harness point: one producer keeping a ready depth, N consumers with a simulated handler,
+/// each acking by its next claim call.
+#[derive(Serialize)]
+pub struct HarnessPoint {
+    pub system: String,
+    pub consumers: usize,
+    /// What each call claims at most (smaller at high N so that consumers x qty <= depth).
+    pub qty: i32,
+    pub depth: i64,
+    pub handler_ms: f64,
+    pub seconds: f64,
+    /// Jobs acked per second in the measured window.
+    pub jobs_per_s: f64,
+    /// consumers x (1 s ÷ handler): what the consumers could do with a free server.
+    pub handler_bound: f64,
+    pub sent_per_s: f64,
+    /// The producer's mean time per send call (one batch, its own commit) in the window.
+    pub send_call_ms: f64,
+    /// Calls in the measured window that claimed nothing (the producer fell behind), of all.
+    pub empty_calls: u64,
+    pub calls: u64,
+    /// With nothing to claim: pgqueue's wait in the call, the baseline's sleep before it
+    /// polls again (ms).
+    pub empty_wait_ms: f64,
+    /// Enqueue -> claim on the server's clock (enqueued_at to clock_timestamp() as the
+    /// claim's rows are returned), in ms.
+    pub pickup_p50_ms: f64,
+    pub pickup_p95_ms: f64,
+    pub pickup_p99_ms: f64,
+    /// p99 of one call (ack + claim) among the calls that claimed something.
+    pub call_p99_ms: f64,
+}
+
+/// WAL and table sizes with a producer keeping the depth and consumers at full speed.
+#[derive(Serialize)]
+pub struct BytesPoint {
+    pub system: String,
+    pub mode: String,
+    pub consumers: usize,
+    pub qty: i32,
+    pub seconds: f64,
+    /// Jobs acked and messages sent in the measured window.
+    pub jobs: u64,
+    pub sent: u64,
+    pub jobs_per_s: f64,
+    /// Calls that claimed nothing (the producer fell behind), of all, in the window.
+    pub empty_calls: u64,
+    pub calls: u64,
+    /// pg_current_wal_insert_lsn() difference over the measured window, and ÷ jobs.
+    pub wal_bytes: i64,
+    pub wal_per_job: f64,
+    /// WAL per second with nothing running but the worker (measured just before), and the
+    /// WAL per job with that rate taken off.
+    pub background_wal_per_s: f64,
+    pub wal_per_job_net: f64,
+    /// pg_stat_wal deltas over the window (approximate: backends flush these at most once a
+    /// second); None where pg_stat_wal lacks them.
+    pub wal_records_per_job: Option<f64>,
+    pub wal_fpi: Option<i64>,
+    /// The hot table (pgqueue.messages / bench_baseline.jobs) with indexes and TOAST, at the
+    /// start and at the end of the measured window; its heap and each index at the end.
+    pub hot_bytes_start: i64,
+    pub hot_bytes_end: i64,
+    pub heap_bytes: i64,
+    pub indexes: Vec<RelSize>,
+    /// pgqueue: the queue's history partitions (with indexes) at the start and end.
+    pub history_bytes_start: Option<i64>,
+    pub history_bytes_end: Option<i64>,
+}
+
+#[derive(Serialize)]
+pub struct RelSize {
+    pub name: String,
+    pub bytes: i64,
+}
+
+/// How a consumer acks and claims.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// A claim statement, then an ack statement: two commits per round.
+    TwoCall,
+    /// pgqueue: pgq_ack_claim; the baseline: its delete-ack and its claim in one statement.
+    OneCall,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::TwoCall => "two-call",
+            Mode::OneCall => "one-call",
+        }
+    }
 }
 
 /// The two systems under test, behind the same four operations.
@@ -442,6 +619,297 @@ impl Consumers {
     }
 }
 
+/// What one round of a consumer did: acks that committed, messages claimed, and per claimed
+/// message the µs from its enqueued_at to the claim (the server's clock).
+struct Round {
+    acked: usize,
+    claimed: usize,
+    waits_us: Vec<i64>,
+}
+
+/// A consumer's round trips, in either mode, for one system. It keeps what it claimed until
+/// its next round acks it. Each statement is its own transaction.
+struct Rounds {
+    system: System,
+    mode: Mode,
+    qty: i32,
+    /// pgqueue: how long a claim with nothing to ack waits for messages (zero: not at all).
+    wait: Duration,
+    ids: Vec<i64>,
+    tokens: Vec<Option<Uuid>>,
+    /// Prepared once (a harness's driver would), or sent as text each time (as the rest of
+    /// the tool does: the client prepares an unnamed statement per call).
+    prepared: Option<[postgres::Statement; 2]>,
+}
+
+/// enqueued_at -> the claim's rows being returned, in µs, on the server's clock.
+const WAIT_US: &str = "(extract(epoch FROM clock_timestamp() - enqueued_at) * 1e6)::bigint";
+
+impl Rounds {
+    /// [claim (two-call) or ack + claim (one-call), ack (two-call)]; every claim returns
+    /// (claimed?, msg_id, claim_token, wait µs).
+    fn sql(system: System, mode: Mode, wait: Duration) -> [String; 2] {
+        let wait = if wait.is_zero() { String::new() } else { format!(", wait => '{} ms'", wait.as_millis()) };
+        let ack = match system {
+            System::Pgqueue => "SELECT count(*) FROM pgqueue.pgq_ack($1::bigint[], $2::uuid[])".to_string(),
+            System::Baseline => "DELETE FROM bench_baseline.jobs WHERE id = ANY ($1::bigint[])".to_string(),
+        };
+        let claim = match (system, mode) {
+            (System::Pgqueue, Mode::TwoCall) => {
+                format!("SELECT true, msg_id, claim_token, {WAIT_US} FROM pgqueue.pgq_claim('{QUEUE}', $1::int{wait})")
+            }
+            (System::Pgqueue, Mode::OneCall) => format!(
+                "SELECT kind = 'claimed', msg_id, claim_token, {WAIT_US}
+                   FROM pgqueue.pgq_ack_claim('{QUEUE}', $1::bigint[], $2::uuid[], $3::int{wait})"
+            ),
+            (System::Baseline, Mode::TwoCall) => format!(
+                "WITH next AS (
+                     SELECT id FROM bench_baseline.jobs WHERE queue = '{QUEUE}' AND vt <= now()
+                      ORDER BY id LIMIT $1::int FOR UPDATE SKIP LOCKED)
+                 UPDATE bench_baseline.jobs j SET vt = now() + interval '30 s', read_ct = read_ct + 1
+                   FROM next WHERE j.id = next.id
+                 RETURNING true, j.id, NULL::uuid, {WAIT_US}"
+            ),
+            // The baseline's one-commit round: its delete-ack and its claim in one statement.
+            // The rows it deletes are its own claims (vt in the future), which the claim's
+            // `vt <= now()` never picks. The claim waits for the delete to finish (a one-time
+            // filter on it, evaluated before the scan), so that, as pgq_ack_claim does, it acks
+            // before it locks anything: acking after the claim's locks deadlocks, because
+            // SKIP LOCKED still waits on a transaction while following a row's update chain.
+            (System::Baseline, Mode::OneCall) => format!(
+                "WITH acked AS (
+                     DELETE FROM bench_baseline.jobs WHERE id = ANY ($1::bigint[]) RETURNING id
+                 ), next AS (
+                     SELECT id FROM bench_baseline.jobs
+                      WHERE queue = '{QUEUE}' AND vt <= now() AND (SELECT count(*) FROM acked) >= 0
+                      ORDER BY id LIMIT $2::int FOR UPDATE SKIP LOCKED
+                 )
+                 UPDATE bench_baseline.jobs j SET vt = now() + interval '30 s', read_ct = read_ct + 1
+                   FROM next WHERE j.id = next.id
+                 RETURNING true, j.id, NULL::uuid, {WAIT_US}"
+            ),
+        };
+        [claim, ack]
+    }
+
+    fn new(c: &mut Client, system: System, mode: Mode, qty: i32, wait: Duration, prepare: bool) -> Rounds {
+        let prepared = prepare.then(|| Self::sql(system, mode, wait).map(|sql| c.prepare(&sql).unwrap()));
+        Rounds { system, mode, qty, wait, ids: vec![], tokens: vec![], prepared }
+    }
+
+    fn run(&self, c: &mut Client, which: usize, params: &[&(dyn postgres::types::ToSql + Sync)]) -> Vec<postgres::Row> {
+        match &self.prepared {
+            Some(statements) => c.query(&statements[which], params),
+            None => c.query(Self::sql(self.system, self.mode, self.wait)[which].as_str(), params),
+        }
+        .unwrap_or_else(|e| {
+            let what = e.as_db_error().map_or_else(|| e.to_string(), |d| format!("{}: {:?}", d.message(), d.detail()));
+            panic!("{} {} round: {what}", self.system.name(), self.mode.name())
+        })
+    }
+
+    /// Acks what it holds and claims up to qty: one statement (one-call) or two.
+    fn round(&mut self, c: &mut Client) -> Round {
+        let held = self.ids.len();
+        let mut acked = held;
+        let rows = match (self.mode, self.system) {
+            (Mode::OneCall, System::Pgqueue) => self.run(c, 0, &[&self.ids, &self.tokens, &self.qty]),
+            (Mode::OneCall, System::Baseline) => self.run(c, 0, &[&self.ids, &self.qty]),
+            (Mode::TwoCall, system) => {
+                if held > 0 {
+                    let rows = match system {
+                        System::Pgqueue => self.run(c, 1, &[&self.ids, &self.tokens]),
+                        System::Baseline => self.run(c, 1, &[&self.ids]),
+                    };
+                    // pgqueue: the count of acks that passed the fence; the baseline deletes
+                    // without a fence (and returns no rows).
+                    if system == System::Pgqueue {
+                        acked = rows[0].get::<_, i64>(0) as usize;
+                    }
+                }
+                self.run(c, 0, &[&self.qty])
+            }
+        };
+        self.ids.clear();
+        self.tokens.clear();
+        let mut waits_us = vec![];
+        for row in &rows {
+            if row.get::<_, bool>(0) {
+                self.ids.push(row.get(1));
+                self.tokens.push(row.get(2));
+                waits_us.push(row.get::<_, Option<i64>>(3).unwrap_or(0));
+            } else {
+                acked -= 1; // pgq_ack_claim: an ack that failed the fence
+            }
+        }
+        Round { acked, claimed: self.ids.len(), waits_us }
+    }
+}
+
+/// What a fleet runs: which system, how its consumers ack and claim, and its producer.
+#[derive(Clone, Copy)]
+struct FleetSpec {
+    system: System,
+    mode: Mode,
+    consumers: usize,
+    qty: i32,
+    /// Per job, one after the other (zero: none).
+    handler: Duration,
+    /// pgqueue: the claim's wait with nothing to ack; the baseline: the sleep after an empty
+    /// poll. (pgqueue without a wait sleeps as long as the baseline.)
+    wait: Duration,
+    poll: Duration,
+    depth: i64,
+    batch: usize,
+}
+
+/// A producer keeping about `depth` messages ready (sent minus claimed, as the consumers
+/// report them), and consumers running `Rounds` with a simulated handler. Counters and
+/// histograms cover the measured window only (`measure`).
+struct Fleet {
+    stop: Arc<AtomicBool>,
+    measuring: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    /// The producer's send calls and the µs they took.
+    sends: Arc<AtomicU64>,
+    send_us: Arc<AtomicU64>,
+    acked: Arc<AtomicU64>,
+    calls: Arc<AtomicU64>,
+    empty_calls: Arc<AtomicU64>,
+    producer: JoinHandle<()>,
+    /// Per consumer: enqueue -> claim µs, and µs of the calls that claimed, in the window.
+    consumers: Vec<JoinHandle<(Histogram<u64>, Histogram<u64>)>>,
+}
+
+/// Counters of a fleet at one instant.
+#[derive(Clone, Copy)]
+struct Counts {
+    at: Instant,
+    sent: u64,
+    sends: u64,
+    send_us: u64,
+    acked: u64,
+    calls: u64,
+    empty_calls: u64,
+}
+
+impl Fleet {
+    fn start(bench: &Bench, spec: FleetSpec) -> Fleet {
+        let FleetSpec { system, mode, consumers, qty, handler, wait, poll, depth, batch } = spec;
+        let stop = Arc::new(AtomicBool::new(false));
+        let measuring = Arc::new(AtomicBool::new(false));
+        let counter = || Arc::new(AtomicU64::new(0));
+        let (sent, claimed, acked, calls, empty_calls) = (counter(), counter(), counter(), counter(), counter());
+        let (sends, send_us) = (counter(), counter());
+        let mut p = bench.connect();
+        let producer = {
+            let (stop, sent, claimed, sends, send_us) =
+                (stop.clone(), sent.clone(), claimed.clone(), sends.clone(), send_us.clone());
+            let send = match system {
+                System::Pgqueue => format!("SELECT count(*) FROM pgqueue.pgq_send_batch('{QUEUE}', $1::jsonb[])"),
+                System::Baseline => {
+                    format!(
+                        "INSERT INTO bench_baseline.jobs (queue, payload) SELECT '{QUEUE}', p FROM unnest($1::jsonb[]) p"
+                    )
+                }
+            };
+            let send = p.prepare(&send).unwrap();
+            std::thread::spawn(move || {
+                let payloads: Vec<Value> = (0..batch as u64).map(payload).collect();
+                while !stop.load(Ordering::Relaxed) {
+                    let ready = sent.load(Ordering::Relaxed) as i64 - claimed.load(Ordering::Relaxed) as i64;
+                    if ready < depth {
+                        let t = Instant::now();
+                        p.execute(&send, &[&payloads]).unwrap();
+                        send_us.fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        sends.fetch_add(1, Ordering::Relaxed);
+                        sent.fetch_add(batch as u64, Ordering::Relaxed);
+                    } else {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            })
+        };
+        // Only pgqueue waits in its call; the baseline polls.
+        let (wait, poll) = match system {
+            System::Pgqueue if !wait.is_zero() => (wait, Duration::ZERO),
+            _ => (Duration::ZERO, poll),
+        };
+        let clients: Vec<Client> = (0..consumers).map(|_| bench.connect()).collect();
+        let consumers = clients
+            .into_iter()
+            .map(|mut c| {
+                let (stop, measuring) = (stop.clone(), measuring.clone());
+                let (claimed, acked, calls, empty_calls) =
+                    (claimed.clone(), acked.clone(), calls.clone(), empty_calls.clone());
+                let mut rounds = Rounds::new(&mut c, system, mode, qty, wait, true);
+                std::thread::spawn(move || {
+                    let (mut waits, mut took) = (Histogram::<u64>::new(3).unwrap(), Histogram::<u64>::new(3).unwrap());
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        let round = rounds.round(&mut c);
+                        let call = t.elapsed();
+                        claimed.fetch_add(round.claimed as u64, Ordering::Relaxed);
+                        acked.fetch_add(round.acked as u64, Ordering::Relaxed);
+                        calls.fetch_add(1, Ordering::Relaxed);
+                        if measuring.load(Ordering::Relaxed) && round.claimed > 0 {
+                            took.record(call.as_micros() as u64).unwrap();
+                            for &w in &round.waits_us {
+                                waits.record(w.max(0) as u64).unwrap();
+                            }
+                        }
+                        if round.claimed == 0 {
+                            empty_calls.fetch_add(1, Ordering::Relaxed);
+                            std::thread::sleep(poll);
+                            continue;
+                        }
+                        // The handler: one job after the other.
+                        if !handler.is_zero() {
+                            for _ in 0..round.claimed {
+                                std::thread::sleep(handler);
+                            }
+                        }
+                    }
+                    (waits, took)
+                })
+            })
+            .collect();
+        Fleet { stop, measuring, sent, sends, send_us, acked, calls, empty_calls, producer, consumers }
+    }
+
+    fn counts(&self) -> Counts {
+        Counts {
+            at: Instant::now(),
+            sent: self.sent.load(Ordering::Relaxed),
+            sends: self.sends.load(Ordering::Relaxed),
+            send_us: self.send_us.load(Ordering::Relaxed),
+            acked: self.acked.load(Ordering::Relaxed),
+            calls: self.calls.load(Ordering::Relaxed),
+            empty_calls: self.empty_calls.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Starts (true) or ends (false) the measured window; the counters at that instant.
+    fn measure(&self, on: bool) -> Counts {
+        let counts = self.counts();
+        self.measuring.store(on, Ordering::Relaxed);
+        counts
+    }
+
+    /// Stops everyone; the merged (pickup µs, call µs) histograms of the measured window.
+    fn stop(self) -> (Histogram<u64>, Histogram<u64>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.producer.join().unwrap();
+        let (mut waits, mut calls) = (Histogram::<u64>::new(3).unwrap(), Histogram::<u64>::new(3).unwrap());
+        for consumer in self.consumers {
+            let (w, c) = consumer.join().unwrap();
+            waits.add(w).unwrap();
+            calls.add(c).unwrap();
+        }
+        (waits, calls)
+    }
+}
+
 /// A message as every scenario sends it.
 fn payload(job: u64) -> Value {
     serde_json::json!({"job": job, "pad": "xxxxxxxxxxxxxxxxxxxxxxxx"})
@@ -522,6 +990,12 @@ impl Bench {
         }
         if wants("unique") {
             report.unique = self.unique();
+        }
+        if wants("harness") {
+            report.harness = self.harness();
+        }
+        if wants("bytes") {
+            report.bytes = self.bytes();
         }
         report
     }
@@ -712,46 +1186,74 @@ impl Bench {
         top["Shared Hit Blocks"].as_i64().unwrap_or(0) + top["Shared Read Blocks"].as_i64().unwrap_or(0)
     }
 
-    /// Jobs per second with N consumers doing claim + ack, with rows in flight.
+    /// Jobs per second with N consumers doing claim + ack, with rows in flight: two calls
+    /// per round (claim, then ack) and one (ack + claim in one statement).
     fn throughput(&self) -> Vec<ThroughputPoint> {
         let mut points = vec![];
         let mut c = self.connect();
         for &consumers in &self.sizes.consumers {
-            for qty in [1i32, 32] {
-                for system in [System::Pgqueue, System::Baseline] {
-                    self.say(&format!("throughput: {} with {consumers} consumers, qty {qty}", system.name()));
-                    self.reset(&mut c);
-                    self.fill(&mut c, system, self.sizes.in_flight, "0");
-                    self.hold(&mut c, system, self.sizes.in_flight);
-                    // Enough work for the whole run (single-job claims drain far slower).
-                    let rate = if qty == 1 { self.sizes.work_per_second / 4.0 } else { self.sizes.work_per_second };
-                    let budget = (self.sizes.run_for.as_secs_f64() * rate) as i64 + 1_000;
-                    self.fill(&mut c, system, budget, "0");
-                    Self::vacuum(&mut c);
-                    let (jobs, seconds, p99) = self.consume(consumers, system, qty, self.sizes.run_for);
-                    points.push(ThroughputPoint {
-                        system: system.name().into(),
-                        consumers,
-                        qty,
-                        jobs_per_s: jobs as f64 / seconds,
-                        p99_ms: p99,
-                    });
+            for mode in [Mode::TwoCall, Mode::OneCall] {
+                for qty in [1i32, 32] {
+                    for system in [System::Pgqueue, System::Baseline] {
+                        self.say(&format!(
+                            "throughput: {} {} with {consumers} consumers, qty {qty}",
+                            system.name(),
+                            mode.name()
+                        ));
+                        self.reset(&mut c);
+                        self.fill(&mut c, system, self.sizes.in_flight, "0");
+                        self.hold(&mut c, system, self.sizes.in_flight);
+                        // Enough work for the whole run (single-job claims drain far slower).
+                        let rate = if qty == 1 { self.sizes.work_per_second / 4.0 } else { self.sizes.work_per_second };
+                        let budget = (self.sizes.run_for.as_secs_f64() * rate) as i64 + 1_000;
+                        self.fill(&mut c, system, budget, "0");
+                        Self::vacuum(&mut c);
+                        let (jobs, seconds, p99) = self.consume(consumers, system, mode, qty, self.sizes.run_for);
+                        points.push(ThroughputPoint {
+                            system: system.name().into(),
+                            mode: mode.name().into(),
+                            consumers,
+                            qty,
+                            jobs_per_s: jobs as f64 / seconds,
+                            p99_ms: p99,
+                            of_pgbench: None,
+                            of_best: 0.0,
+                        });
+                    }
                 }
             }
             points.push(ThroughputPoint {
                 system: "pgbench -N".into(),
+                mode: String::new(),
                 consumers,
                 qty: 0,
                 jobs_per_s: self.pgbench(consumers),
                 p99_ms: 0.0,
+                of_pgbench: None,
+                of_best: 0.0,
             });
+        }
+        let all = points.clone();
+        for p in &mut points {
+            let tps = all.iter().find(|q| q.system == "pgbench -N" && q.consumers == p.consumers).map(|q| q.jobs_per_s);
+            if p.system != "pgbench -N" {
+                p.of_pgbench = tps.filter(|&tps| tps > 0.0).map(|tps| p.jobs_per_s / tps);
+            }
+            let best = all
+                .iter()
+                .filter(|q| (&q.system, &q.mode, q.qty) == (&p.system, &p.mode, p.qty))
+                .map(|q| q.jobs_per_s)
+                .fold(0.0, f64::max);
+            p.of_best = if best > 0.0 { p.jobs_per_s / best } else { 0.0 };
         }
         points
     }
 
     /// Runs `consumers` threads of claim + ack for `run_for` (or until the queue is empty);
-    /// (jobs, seconds it took, p99 ms of one claim + ack round).
-    fn consume(&self, consumers: usize, system: System, qty: i32, run_for: Duration) -> (u64, f64, f64) {
+    /// (jobs, seconds it took, p99 ms of one round). Two-call: claim, then ack (each sent as
+    /// text, as before); one-call: one call acks the previous round's claims and claims the
+    /// next (sent the same way); a job counts once its ack has committed.
+    fn consume(&self, consumers: usize, system: System, mode: Mode, qty: i32, run_for: Duration) -> (u64, f64, f64) {
         let jobs = Arc::new(AtomicU64::new(0));
         let hist = Arc::new(Mutex::new(Histogram::<u64>::new(3).unwrap()));
         let start = Arc::new(Barrier::new(consumers));
@@ -759,18 +1261,28 @@ impl Bench {
             .map(|_| {
                 let (jobs, hist, start) = (jobs.clone(), hist.clone(), start.clone());
                 let mut c = self.connect();
+                let mut rounds = Rounds::new(&mut c, system, mode, qty, Duration::ZERO, false);
                 std::thread::spawn(move || {
                     let mut mine = Histogram::<u64>::new(3).unwrap();
                     start.wait();
                     let until = Instant::now() + run_for;
                     while Instant::now() < until {
                         let t = Instant::now();
-                        let n = Self::claim_and_ack(&mut c, system, qty);
-                        if n == 0 {
+                        let (done, more) = match mode {
+                            Mode::TwoCall => {
+                                let n = Self::claim_and_ack(&mut c, system, qty);
+                                (n, n > 0)
+                            }
+                            Mode::OneCall => {
+                                let round = rounds.round(&mut c);
+                                (round.acked, round.claimed > 0)
+                            }
+                        };
+                        jobs.fetch_add(done as u64, Ordering::Relaxed);
+                        if !more {
                             break;
                         }
                         mine.record(t.elapsed().as_micros() as u64).unwrap();
-                        jobs.fetch_add(n as u64, Ordering::Relaxed);
                     }
                     hist.lock().unwrap().add(&mine).unwrap();
                 })
@@ -783,6 +1295,203 @@ impl Bench {
         let seconds = began.elapsed().as_secs_f64();
         let p99 = hist.lock().unwrap().value_at_quantile(0.99) as f64 / 1000.0;
         (jobs.load(Ordering::Relaxed), seconds, p99)
+    }
+
+    /// The qty a harness consumer claims with `consumers` of them: the configured qty, or
+    /// less so that consumers x qty does not exceed the ready depth.
+    pub fn harness_qty(&self, consumers: usize) -> i32 {
+        let s = &self.sizes;
+        s.harness_qty.min((s.harness_depth / consumers.max(1) as i64).max(1) as i32)
+    }
+
+    /// Like a third-party harness: one producer keeps ~harness_depth messages ready (sending
+    /// batches), N consumers claim batches with pgq_ack_claim (the baseline: its one-statement
+    /// delete-ack + claim), handle each job in turn (a sleep) and ack them with the next call.
+    fn harness(&self) -> Vec<HarnessPoint> {
+        let s = &self.sizes;
+        let mut c = self.connect();
+        let mut points = vec![];
+        for &consumers in &s.harness_consumers {
+            let qty = self.harness_qty(consumers);
+            for system in [System::Pgqueue, System::Baseline] {
+                self.say(&format!("harness: {} with {consumers} consumers, qty {qty}", system.name()));
+                self.reset(&mut c);
+                Self::vacuum(&mut c);
+                let spec = FleetSpec {
+                    system,
+                    mode: Mode::OneCall,
+                    consumers,
+                    qty,
+                    handler: s.harness_handler,
+                    wait: s.harness_wait,
+                    poll: s.harness_poll,
+                    depth: s.harness_depth,
+                    batch: s.harness_batch,
+                };
+                let fleet = Fleet::start(self, spec);
+                std::thread::sleep(s.harness_warmup);
+                let from = fleet.measure(true);
+                std::thread::sleep(s.harness_for);
+                let to = fleet.measure(false);
+                let (waits, calls) = fleet.stop();
+                let seconds = to.at.duration_since(from.at).as_secs_f64();
+                let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+                points.push(HarnessPoint {
+                    system: system.name().into(),
+                    consumers,
+                    qty,
+                    depth: s.harness_depth,
+                    handler_ms: s.harness_handler.as_secs_f64() * 1000.0,
+                    seconds,
+                    jobs_per_s: (to.acked - from.acked) as f64 / seconds,
+                    handler_bound: consumers as f64 / s.harness_handler.as_secs_f64().max(1e-9),
+                    sent_per_s: (to.sent - from.sent) as f64 / seconds,
+                    send_call_ms: (to.send_us - from.send_us) as f64 / (to.sends - from.sends).max(1) as f64 / 1000.0,
+                    empty_calls: to.empty_calls - from.empty_calls,
+                    calls: to.calls - from.calls,
+                    empty_wait_ms: match system {
+                        System::Pgqueue => s.harness_wait,
+                        System::Baseline => s.harness_poll,
+                    }
+                    .as_secs_f64()
+                        * 1000.0,
+                    pickup_p50_ms: ms(&waits, 0.5),
+                    pickup_p95_ms: ms(&waits, 0.95),
+                    pickup_p99_ms: ms(&waits, 0.99),
+                    call_p99_ms: ms(&calls, 0.99),
+                });
+            }
+        }
+        points
+    }
+
+    /// The WAL position (insert LSN) as bytes.
+    fn wal_at(c: &mut Client) -> i64 {
+        c.query_one("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint", &[]).unwrap().get(0)
+    }
+
+    /// pg_stat_wal's (records, full-page images), where it has them.
+    fn wal_stats(c: &mut Client) -> Option<(i64, i64)> {
+        c.query_one("SELECT wal_records, wal_fpi FROM pg_stat_wal", &[]).ok().map(|r| (r.get(0), r.get(1)))
+    }
+
+    /// The hot table's size with indexes and TOAST; (that, its heap, each index).
+    fn hot_sizes(c: &mut Client, system: System) -> (i64, i64, Vec<RelSize>) {
+        let table = system.table();
+        let row = c
+            .query_one(&format!("SELECT pg_total_relation_size('{table}'), pg_relation_size('{table}')"), &[])
+            .unwrap();
+        let indexes = c
+            .query(
+                &format!(
+                    "SELECT c.relname::text, pg_relation_size(c.oid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                      WHERE i.indrelid = '{table}'::regclass ORDER BY c.relname"
+                ),
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| RelSize { name: r.get(0), bytes: r.get(1) })
+            .collect();
+        (row.get(0), row.get(1), indexes)
+    }
+
+    /// The queue's history partitions with their indexes.
+    fn history_size(c: &mut Client) -> i64 {
+        c.query_one(
+            &format!(
+                "SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::bigint
+                   FROM pg_partition_tree(to_regclass('pgqueue.history_{QUEUE}')) WHERE isleaf"
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    }
+
+    /// WAL bytes per job and the hot table's size with a producer keeping the depth and
+    /// consumers at full speed (no handler), two calls and one call per round.
+    fn bytes(&self) -> Vec<BytesPoint> {
+        let s = &self.sizes;
+        let mut c = self.connect();
+        let consumers = s.bytes_consumers;
+        let mut points = vec![];
+        for mode in [Mode::TwoCall, Mode::OneCall] {
+            for qty in [1i32, 32] {
+                for system in [System::Pgqueue, System::Baseline] {
+                    self.say(&format!(
+                        "bytes: {} {} with {consumers} consumers, qty {qty}",
+                        system.name(),
+                        mode.name()
+                    ));
+                    self.reset(&mut c);
+                    // A compact hot table (earlier scenarios leave its indexes large), then a
+                    // checkpoint: no timed one falls in the run, and the full-page images
+                    // after this one land in the warm-up.
+                    c.batch_execute("VACUUM FULL pgqueue.messages").unwrap();
+                    Self::vacuum(&mut c);
+                    c.batch_execute("CHECKPOINT").unwrap();
+                    let (w0, t0) = (Self::wal_at(&mut c), Instant::now());
+                    std::thread::sleep(s.bytes_warmup);
+                    let background_wal_per_s = (Self::wal_at(&mut c) - w0) as f64 / t0.elapsed().as_secs_f64();
+                    let spec = FleetSpec {
+                        system,
+                        mode,
+                        consumers,
+                        qty,
+                        handler: Duration::ZERO,
+                        wait: s.harness_wait,
+                        poll: s.harness_poll,
+                        depth: s.harness_depth.max(consumers as i64 * i64::from(qty) * 2),
+                        batch: s.harness_batch,
+                    };
+                    let fleet = Fleet::start(self, spec);
+                    std::thread::sleep(s.bytes_warmup);
+                    let (hot_bytes_start, _, _) = Self::hot_sizes(&mut c, system);
+                    let history_bytes_start = (system == System::Pgqueue).then(|| Self::history_size(&mut c));
+                    let stats0 = Self::wal_stats(&mut c);
+                    let wal0 = Self::wal_at(&mut c);
+                    let from = fleet.measure(true);
+                    std::thread::sleep(s.bytes_for);
+                    let to = fleet.measure(false);
+                    let wal1 = Self::wal_at(&mut c);
+                    let stats1 = Self::wal_stats(&mut c);
+                    let (hot_bytes_end, heap_bytes, indexes) = Self::hot_sizes(&mut c, system);
+                    let history_bytes_end = (system == System::Pgqueue).then(|| Self::history_size(&mut c));
+                    fleet.stop();
+                    let seconds = to.at.duration_since(from.at).as_secs_f64();
+                    let jobs = to.acked - from.acked;
+                    let per_job = |x: f64| x / jobs.max(1) as f64;
+                    let wal_bytes = wal1 - wal0;
+                    let stats = stats0.zip(stats1).map(|(a, b)| (b.0 - a.0, b.1 - a.1));
+                    points.push(BytesPoint {
+                        system: system.name().into(),
+                        mode: mode.name().into(),
+                        consumers,
+                        qty,
+                        seconds,
+                        jobs,
+                        sent: to.sent - from.sent,
+                        jobs_per_s: jobs as f64 / seconds,
+                        empty_calls: to.empty_calls - from.empty_calls,
+                        calls: to.calls - from.calls,
+                        wal_bytes,
+                        wal_per_job: per_job(wal_bytes as f64),
+                        background_wal_per_s,
+                        wal_per_job_net: per_job(wal_bytes as f64 - background_wal_per_s * seconds),
+                        wal_records_per_job: stats.map(|(records, _)| per_job(records as f64)),
+                        wal_fpi: stats.map(|(_, fpi)| fpi),
+                        hot_bytes_start,
+                        hot_bytes_end,
+                        heap_bytes,
+                        indexes,
+                        history_bytes_start,
+                        history_bytes_end,
+                    });
+                }
+            }
+        }
+        points
     }
 
     /// pgbench's simple-update (-N) tps at the same client count: the commit-rate ceiling.
@@ -861,12 +1570,24 @@ impl Bench {
         let rescued = |c: &mut Client| -> i64 {
             c.query_one("SELECT rescue_rows FROM pgqueue.worker_stats", &[]).unwrap().get(0)
         };
+        // Right after CREATE EXTENSION the database has no worker yet: not its launch to time.
+        let waited = Instant::now();
+        while c.query_one("SELECT ticks FROM pgqueue.worker_stats", &[]).unwrap().get::<_, i64>(0) == 0 {
+            assert!(waited.elapsed() < Duration::from_secs(60), "the worker ticks");
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let before = rescued(&mut c);
-        c.execute(
+        // The leases are aged around the API: told nothing, the worker would find them only at
+        // its forced pass (the prune cadence, a minute by default). What a renewal tells it at
+        // commit (the earliest lease end) tells it here that they have ended.
+        let mut tx = c.transaction().unwrap();
+        tx.execute(
             "UPDATE pgqueue.messages SET lease_expires_at = now() - interval '1 s' WHERE queue = 'bench' AND state = 'claimed'",
             &[],
         )
         .unwrap();
+        tx.execute("SELECT pgqueue._renewed(now() - interval '1 s')", &[]).unwrap();
+        tx.commit().unwrap();
         let start = Instant::now();
         let mut said = Instant::now();
         loop {
@@ -918,27 +1639,60 @@ impl Bench {
             .query_one("SELECT setting::bigint FROM pg_settings WHERE name = 'pgqueue.prune_lock_timeout'", &[])
             .unwrap()
             .get(0);
-        // Claimers acking into the same queue's history while the prune runs.
+        // Claimers acking into the same queue's history while the prune runs; each round's
+        // start and duration (µs since `base`).
         let stop = Arc::new(AtomicBool::new(false));
-        let longest = Arc::new(AtomicU64::new(0));
+        let base = Instant::now();
+        let mut claimer_pids = vec![];
         let claimers: Vec<_> = (0..2)
             .map(|_| {
-                let (stop, longest) = (stop.clone(), longest.clone());
+                let stop = stop.clone();
                 let mut c = self.connect();
+                claimer_pids.push(c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get::<_, i32>(0));
                 std::thread::spawn(move || {
+                    let mut rounds: Vec<(u64, u64)> = vec![];
                     while !stop.load(Ordering::Relaxed) {
                         let t = Instant::now();
                         Self::claim_and_ack(&mut c, System::Pgqueue, 1);
-                        longest.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        rounds.push((t.duration_since(base).as_micros() as u64, t.elapsed().as_micros() as u64));
                     }
+                    rounds
                 })
             })
             .collect();
+        // Backends waiting on a lock, sampled from a connection of their own.
+        let sampler = {
+            let (stop, every, mut s) = (stop.clone(), self.sizes.lock_sample_every, self.connect());
+            let sample = s
+                .prepare(
+                    "SELECT l.pid, (extract(epoch FROM clock_timestamp() - l.waitstart) * 1000)::float8,
+                            l.locktype || ' ' || l.mode || coalesce(' on ' || l.relation::regclass::text, '')
+                       FROM pg_locks l WHERE NOT l.granted AND l.waitstart IS NOT NULL",
+                )
+                .unwrap();
+            std::thread::spawn(move || {
+                let (mut waits, mut samples): (Vec<(u64, i32, f64, String)>, u64) = (vec![], 0);
+                while !stop.load(Ordering::Relaxed) {
+                    let at = base.elapsed().as_micros() as u64;
+                    for r in s.query(&sample, &[]).unwrap() {
+                        waits.push((at, r.get(0), r.get(1), r.get(2)));
+                    }
+                    samples += 1;
+                    std::thread::sleep(every);
+                }
+                (waits, samples)
+            })
+        };
         std::thread::sleep(Duration::from_millis(200));
+        let idle_from = base.elapsed().as_micros() as u64;
+        std::thread::sleep(self.sizes.prune_idle_for);
+        let idle_to = base.elapsed().as_micros() as u64;
+        let prune_pid: i32 = c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
         // A drop that meets an ack's lock for longer than the lock timeout is "blocked" and
         // changes nothing; the worker would try again at its next prune. So does this, at
         // once (without the back-off that repeated blocks earn), and times the call that pruned.
         let (mut rows, mut seconds, mut blocked) = (vec![], 0.0, 0);
+        let prune_from = base.elapsed().as_micros() as u64;
         for _ in 0..20 {
             let start = Instant::now();
             rows = c.query(&format!("SELECT outcome, rows FROM pgqueue.pgq_prune('{QUEUE}')"), &[]).unwrap();
@@ -949,12 +1703,37 @@ impl Bench {
             blocked += 1;
             c.batch_execute(&format!("DELETE FROM pgqueue.prune_state WHERE queue = '{QUEUE}'")).unwrap();
         }
+        let prune_to = base.elapsed().as_micros() as u64;
         std::thread::sleep(Duration::from_millis(200));
         stop.store(true, Ordering::Relaxed);
-        for t in claimers {
-            t.join().unwrap();
-        }
+        let rounds: Vec<(u64, u64)> = claimers.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        let (waits, lock_samples) = sampler.join().unwrap();
         Self::worker(&mut c, true);
+        let mut idle = Histogram::<u64>::new(3).unwrap();
+        for (_, took) in rounds.iter().filter(|(at, _)| (idle_from..idle_to).contains(at)) {
+            idle.record(*took).unwrap();
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        // As before: the longest round from the prune on (and 200 ms after it).
+        let longest = rounds.iter().filter(|(at, _)| *at >= idle_to).map(|r| r.1).max().unwrap_or(0);
+        let during = rounds
+            .iter()
+            .filter(|(at, took)| *at <= prune_to && at + took >= prune_from)
+            .map(|r| r.1)
+            .max()
+            .unwrap_or(0);
+        let idle_p99_ms = ms(idle.value_at_quantile(0.99));
+        // A wait ongoing when the prune returned ends with it: samples a little after count.
+        let slack = 2 * self.sizes.lock_sample_every.as_micros() as u64;
+        let longest_wait = |from: u64, to: u64, pids: &[i32]| {
+            waits
+                .iter()
+                .filter(|(at, pid, _, _)| (from..=to).contains(at) && pids.contains(pid))
+                .max_by(|a, b| a.2.total_cmp(&b.2))
+                .map_or((0.0, String::new()), |w| (w.2, w.3.clone()))
+        };
+        let (lock_wait_consumers_ms, lock_wait_consumers_on) =
+            longest_wait(prune_from, prune_to + slack, &claimer_pids);
         let outcome: String = rows.first().map(|r| r.get(0)).unwrap_or_default();
         let removed: i64 = rows.iter().map(|r| r.get::<_, i64>(1)).sum();
         Prune {
@@ -963,10 +1742,21 @@ impl Bench {
             rows_per_s: removed as f64 / seconds,
             outcome,
             blocked_attempts: blocked,
-            longest_claim_ack_ms: longest.load(Ordering::Relaxed) as f64 / 1000.0,
+            longest_claim_ack_ms: ms(longest),
             lock_timeout_ms,
             history_bytes_before,
             history_bytes_after: size(&mut c),
+            idle_seconds: ms(idle_to - idle_from) / 1000.0,
+            idle_rounds: idle.len(),
+            idle_p99_ms,
+            longest_during_prune_ms: ms(during),
+            during_vs_idle_p99: if idle_p99_ms > 0.0 { ms(during) / idle_p99_ms } else { 0.0 },
+            lock_sample_ms: self.sizes.lock_sample_every.as_secs_f64() * 1000.0,
+            lock_samples,
+            lock_wait_consumers_ms,
+            lock_wait_consumers_on,
+            lock_wait_prune_ms: longest_wait(prune_from, prune_to + slack, &[prune_pid]).0,
+            lock_wait_idle_ms: longest_wait(idle_from, idle_to, &claimer_pids).0,
         }
     }
 

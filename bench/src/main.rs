@@ -2,7 +2,7 @@
 //! created (`--dsn`), or against a throwaway one it starts itself (`--pg-config`).
 
 use clap::Parser;
-use pgqueue_bench::{Bench, Report, Sizes, chart};
+use pgqueue_bench::{Bench, Report, Sizes, ThroughputPoint, chart};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -15,14 +15,22 @@ struct Args {
     /// Start a throwaway server from this pg_config's PostgreSQL (pgqueue installed in it).
     #[arg(long)]
     pg_config: Option<PathBuf>,
-    /// Scenarios: all, flatness, throughput, rescue, prune, renewals, enqueue, pinned, pickup
-    /// (comma-separated).
+    /// Scenarios: all, flatness, throughput, rescue, prune, renewals, enqueue, pinned, pickup,
+    /// schedules, unique, harness, bytes (comma-separated).
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Tiny sizes (seconds, not minutes).
     #[arg(long)]
     smoke: bool,
-    /// Where results.json and the charts go.
+    /// Consumer counts of the throughput and harness scenarios (comma-separated), instead of
+    /// the size's own (full: 1,4,16,64,256).
+    #[arg(long, value_delimiter = ',')]
+    consumers: Option<Vec<usize>>,
+    /// Seconds each throughput, harness and bytes point is measured, instead of the size's own
+    /// (full: 10, 10, 15).
+    #[arg(long)]
+    run_for: Option<f64>,
+    /// Where results.json and the charts (flatness.png, throughput.png, throughput-qty1.png) go.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
 }
@@ -73,9 +81,10 @@ impl Server {
             .unwrap()
             .success();
         assert!(ok, "initdb");
+        // max_connections: 256 consumers (or pgbench's 256 clients) and the tool's own.
         let conf = format!(
             "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
-             shared_preload_libraries = '{preload}'\nshared_buffers = '1GB'\nmax_connections = 200\n\
+             shared_preload_libraries = '{preload}'\nshared_buffers = '1GB'\nmax_connections = 320\n\
              max_wal_size = '8GB'\nsynchronous_commit = on\n",
             dir.display()
         );
@@ -129,7 +138,15 @@ fn main() {
         (None, Some(s)) => s.dsn(),
         (None, None) => panic!("give --dsn or --pg-config"),
     };
-    let sizes = if args.smoke { Sizes::smoke() } else { Sizes::full() };
+    let mut sizes = if args.smoke { Sizes::smoke() } else { Sizes::full() };
+    if let Some(consumers) = args.consumers {
+        sizes.consumers.clone_from(&consumers);
+        sizes.harness_consumers = consumers;
+    }
+    if let Some(secs) = args.run_for {
+        let d = std::time::Duration::from_secs_f64(secs);
+        (sizes.run_for, sizes.harness_for, sizes.bytes_for) = (d, d, d);
+    }
     let report = Bench::new(&dsn, sizes, true).run(&scenarios);
     std::fs::create_dir_all(&args.out).unwrap();
     std::fs::write(args.out.join("results.json"), serde_json::to_string_pretty(&report).unwrap()).unwrap();
@@ -137,7 +154,8 @@ fn main() {
         chart::flatness(&args.out.join("flatness.png"), &report.flatness).unwrap();
     }
     if !report.throughput.is_empty() {
-        chart::throughput(&args.out.join("throughput.png"), &report.throughput).unwrap();
+        chart::throughput(&args.out.join("throughput.png"), &report.throughput, false).unwrap();
+        chart::throughput(&args.out.join("throughput-qty1.png"), &report.throughput, true).unwrap();
     }
     print(&report);
     eprintln!("results in {}", args.out.display());
@@ -157,10 +175,7 @@ fn print(r: &Report) {
         }
     }
     if !r.throughput.is_empty() {
-        println!("\nthroughput (claim + ack)\n| system | consumers | qty | jobs/s | p99 ms |\n|---|---|---|---|---|");
-        for p in &r.throughput {
-            println!("| {} | {} | {} | {:.0} | {:.2} |", p.system, p.consumers, p.qty, p.jobs_per_s, p.p99_ms);
-        }
+        print_throughput(&r.throughput);
     }
     if let Some(s) = &r.rescue {
         println!(
@@ -180,6 +195,22 @@ fn print(r: &Report) {
             p.lock_timeout_ms,
             p.history_bytes_before,
             p.history_bytes_after
+        );
+        println!(
+            "| idle rounds ({:.1} s before) | idle p99 ms | longest round overlapping the prune ms | ÷ idle p99 | longest lock wait, consumers ms | on | longest lock wait, the prune ms | consumers' longest lock wait idle ms | pg_locks samples (every {} ms) |\n|---|---|---|---|---|---|---|---|---|",
+            p.idle_seconds, p.lock_sample_ms
+        );
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2}× | {:.2} | {} | {:.2} | {:.2} | {} |",
+            p.idle_rounds,
+            p.idle_p99_ms,
+            p.longest_during_prune_ms,
+            p.during_vs_idle_p99,
+            p.lock_wait_consumers_ms,
+            if p.lock_wait_consumers_on.is_empty() { "-" } else { &p.lock_wait_consumers_on },
+            p.lock_wait_prune_ms,
+            p.lock_wait_idle_ms,
+            p.lock_samples
         );
     }
     for h in &r.renewals {
@@ -278,6 +309,127 @@ fn print(r: &Report) {
         println!("| beside | messages/s | ÷ no consumers | consumed/s |\n|---|---|---|---|");
         for s in &p.sends {
             println!("| {} | {:.0} | {:.0} % | {:.0} |", s.case, s.messages_per_s, s.ratio * 100.0, s.consumed_per_s);
+        }
+    }
+    if let Some(h) = r.harness.first() {
+        let baseline_poll = r.harness.iter().find(|h| h.system == "baseline").map_or(0.0, |h| h.empty_wait_ms);
+        println!(
+            "\nharness: one producer keeps ~{} ready (pgq_send_batch; baseline: one INSERT per batch), consumers claim up to qty with pgq_ack_claim (baseline: its delete-ack + claim in one statement), {} ms handler per job in turn, acked by the next call; with nothing to claim pgqueue waits in the call (wait {} ms), the baseline sleeps {} ms and polls again",
+            h.depth,
+            h.handler_ms,
+            r.harness.iter().find(|h| h.system == "pgqueue").map_or(0.0, |h| h.empty_wait_ms),
+            baseline_poll
+        );
+        println!(
+            "| system | consumers | qty | jobs/s | ÷ handler bound | sent/s | ms per send call | empty calls | pickup p50 ms | p95 ms | p99 ms | claiming call p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for h in &r.harness {
+            println!(
+                "| {} | {} | {} | {:.0} | {:.0} % | {:.0} | {:.1} | {} of {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                h.system,
+                h.consumers,
+                h.qty,
+                h.jobs_per_s,
+                100.0 * h.jobs_per_s / h.handler_bound.max(f64::MIN_POSITIVE),
+                h.sent_per_s,
+                h.send_call_ms,
+                h.empty_calls,
+                h.calls,
+                h.pickup_p50_ms,
+                h.pickup_p95_ms,
+                h.pickup_p99_ms,
+                h.call_p99_ms
+            );
+        }
+    }
+    if let Some(b) = r.bytes.first() {
+        println!(
+            "\nWAL and table sizes: one producer keeping the depth, {} consumers at full speed, {:.0} s measured (WAL per job: its send, claim and ack; records and FPI from pg_stat_wal, approximate)",
+            b.consumers, b.seconds
+        );
+        println!(
+            "| system | mode | qty | jobs/s | WAL B/job | background B/s | net B/job | WAL records/job | FPI | empty calls | hot table start -> end | heap | indexes | history B/job |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        let kb = |b: i64| format!("{:.0} kB", b as f64 / 1024.0);
+        for b in &r.bytes {
+            let indexes: Vec<String> = b.indexes.iter().map(|i| format!("{} {}", i.name, kb(i.bytes))).collect();
+            let history = b
+                .history_bytes_start
+                .zip(b.history_bytes_end)
+                .map_or("-".to_string(), |(s, e)| format!("{:.0}", (e - s) as f64 / b.jobs.max(1) as f64));
+            println!(
+                "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} of {} | {} -> {} | {} | {} | {} |",
+                b.system,
+                b.mode,
+                b.qty,
+                b.jobs_per_s,
+                b.wal_per_job,
+                b.background_wal_per_s,
+                b.wal_per_job_net,
+                b.wal_records_per_job.map_or("-".to_string(), |v| format!("{v:.1}")),
+                b.wal_fpi.map_or("-".to_string(), |v| v.to_string()),
+                b.empty_calls,
+                b.calls,
+                kb(b.hot_bytes_start),
+                kb(b.hot_bytes_end),
+                kb(b.heap_bytes),
+                indexes.join(", "),
+                history
+            );
+        }
+    }
+}
+
+/// Every point, then qty 1 and qty 32 side by side per consumer count.
+fn print_throughput(points: &[ThroughputPoint]) {
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0} %", v * 100.0));
+    println!(
+        "\nthroughput (claim + ack; one-call: ack + claim in one statement)\n| system | mode | consumers | qty | jobs/s | p99 ms | ÷ pgbench -N | ÷ best count |\n|---|---|---|---|---|---|---|---|"
+    );
+    for p in points {
+        println!(
+            "| {} | {} | {} | {} | {:.0} | {:.2} | {} | {:.0} % |",
+            p.system,
+            p.mode,
+            p.consumers,
+            p.qty,
+            p.jobs_per_s,
+            p.p99_ms,
+            pct(p.of_pgbench),
+            p.of_best * 100.0
+        );
+    }
+    let mut counts: Vec<usize> = points.iter().map(|p| p.consumers).collect();
+    counts.dedup();
+    let find = |system: &str, mode: &str, qty: i32, n: usize| {
+        points.iter().find(|p| p.system == system && p.mode == mode && p.qty == qty && p.consumers == n)
+    };
+    let rate = |p: Option<&ThroughputPoint>| p.map_or("-".to_string(), |p| format!("{:.0}", p.jobs_per_s));
+    for qty in [1, 32] {
+        println!(
+            "\nqty {qty}, jobs/s (÷ best count of that column)\n| consumers | pgqueue two-call | pgqueue one-call | baseline two-call | baseline one-call | pgbench -N tps | pgqueue one-call ÷ pgbench | pgqueue one-call ÷ two-call | pgqueue one-call ÷ baseline one-call |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        for &n in &counts {
+            let cell = |p: Option<&ThroughputPoint>| {
+                p.map_or("-".to_string(), |p| format!("{:.0} ({:.0} %)", p.jobs_per_s, p.of_best * 100.0))
+            };
+            let (two, one) = (find("pgqueue", "two-call", qty, n), find("pgqueue", "one-call", qty, n));
+            let (btwo, bone) = (find("baseline", "two-call", qty, n), find("baseline", "one-call", qty, n));
+            let ratio = |a: Option<&ThroughputPoint>, b: Option<&ThroughputPoint>| match (a, b) {
+                (Some(a), Some(b)) if b.jobs_per_s > 0.0 => format!("{:.2}×", a.jobs_per_s / b.jobs_per_s),
+                _ => "-".to_string(),
+            };
+            println!(
+                "| {n} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                cell(two),
+                cell(one),
+                cell(btwo),
+                cell(bone),
+                rate(find("pgbench -N", "", 0, n)),
+                pct(one.and_then(|p| p.of_pgbench)),
+                ratio(one, two),
+                ratio(one, bone)
+            );
         }
     }
 }
