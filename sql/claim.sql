@@ -76,6 +76,7 @@ DECLARE
     deadline timestamptz;
     i integer;
     picked bigint[];
+    taken bigint[];
     got bigint;
 BEGIN
     -- The checks call their helpers (which raise) only when something is wrong: the claim is
@@ -119,15 +120,24 @@ BEGIN
                      LIMIT pgq_claim.qty
                        FOR UPDATE SKIP LOCKED);
             ELSE
+                -- From each priority's hint, passing over what other claims took since; the
+                -- hint is raised past what this one takes at once, before the update.
                 picked := '{}';
                 FOR i IN 1 .. pg_catalog.cardinality(s.priorities) LOOP
-                    picked := picked || ARRAY(
+                    taken := ARRAY(
                         SELECT m.msg_id FROM pgqueue.messages m
                          WHERE m.queue = q.queue AND m.state = 'ready'
                            AND m.priority = s.priorities[i] AND m.msg_id >= s.starts[i]
+                           AND pgqueue._ahead(q.queue, s.priorities[i], m.msg_id)
                          ORDER BY m.msg_id
                          LIMIT pgq_claim.qty - pg_catalog.cardinality(picked)
                            FOR UPDATE SKIP LOCKED);
+                    IF pg_catalog.cardinality(taken) > 0 THEN
+                        PERFORM pgqueue._claimed(q.queue, s.priorities[i], s.epoch, taken[1],
+                                                 taken[pg_catalog.cardinality(taken)],
+                                                 pg_catalog.cardinality(taken), now() + granted);
+                        picked := picked || taken;
+                    END IF;
                     EXIT WHEN pg_catalog.cardinality(picked) >= pgq_claim.qty;
                 END LOOP;
             END IF;
@@ -142,10 +152,10 @@ BEGIN
                     RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
                               m.enqueued_at, m.lease_expires_at
                 ), noted AS (
-                    -- Hints are raised only by a claim that started from them.
-                    SELECT pgqueue._claimed(q.queue, c.priority, CASE WHEN s.priorities IS NOT NULL THEN s.epoch END,
-                                            min(c.msg_id), max(c.msg_id), count(*), min(c.lease_expires_at))
-                      FROM claimed c GROUP BY c.priority
+                    -- (Claims from the hints noted theirs above.)
+                    SELECT pgqueue._claimed(q.queue, c.priority, NULL, min(c.msg_id), max(c.msg_id), count(*),
+                                            min(c.lease_expires_at))
+                      FROM claimed c WHERE s.priorities IS NULL GROUP BY c.priority
                 )
                 SELECT c.* FROM claimed c, (SELECT count(*) FROM noted) k ORDER BY c.priority DESC, c.msg_id;
                 GET DIAGNOSTICS got = ROW_COUNT;

@@ -56,6 +56,19 @@ fn _claim_start(
     TableIterator::once(row)
 }
 
+/// Whether a claim scanning `queue`'s `priority` should still consider `msg_id`: false once
+/// the hint has passed it (another claim took it since this one read the hints). The claim
+/// checks this per row before it locks any: a row that a committed claim changed since the
+/// scan's snapshot would otherwise be locked in its new version (PostgreSQL re-checks the
+/// row and skips it, but keeps the lock until the transaction ends), holding up the ack of
+/// the consumer that owns it. Costly so that the planner checks it after everything else.
+#[pg_extern(volatile, parallel_unsafe, cost = 1000)]
+fn _ahead(queue: &str, priority: i16, msg_id: i64) -> bool {
+    let Some(key) = Key::new(queue) else { return true };
+    queue_state::with_lock(false, |table| table.entry(&key, false).is_some_and(|e| e.passes_over(priority, msg_id)))
+        .is_none_or(|passed| !passed)
+}
+
 /// Readers that keep one snapshot for the whole transaction may not see messages committed
 /// since: they must not raise anything.
 fn snapshot_per_statement() -> bool {

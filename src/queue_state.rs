@@ -418,6 +418,16 @@ impl Entry {
         self.prio[..n].iter().position(|&p| p == priority).is_none_or(|i| self.hint[i] > msg_id)
     }
 
+    /// Whether claims may pass over `msg_id` of `priority`: the hints are valid and it lies
+    /// below that priority's hint.
+    pub fn passes_over(&self, priority: i16, msg_id: i64) -> bool {
+        if !self.known || self.overflow {
+            return false;
+        }
+        let n = usize::from(self.nprio);
+        self.prio[..n].iter().position(|&p| p == priority).is_some_and(|i| self.hint[i] > msg_id)
+    }
+
     /// Lowers without bumping the epoch: for rows only this transaction can see yet (the
     /// lowering at its commit is the one others rely on).
     pub fn lower_for_self(&mut self, priority: i16, msg_id: i64) {
