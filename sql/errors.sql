@@ -127,7 +127,8 @@ BEGIN
 END
 $$;
 
--- Paired arrays (ids and tokens) must be non-NULL and of the same length.
+-- Paired arrays (ids and tokens) must be non-NULL, one-dimensional and of the same length;
+-- errors name the caller's arguments.
 CREATE FUNCTION pgqueue._check_pairs(msg_ids bigint[], claim_tokens uuid[], ids_name text DEFAULT 'msg_ids',
                                      tokens_name text DEFAULT 'claim_tokens') RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
