@@ -206,7 +206,8 @@ DECLARE
     acked bigint[];
     waiting interval := pgq_ack_claim.wait;
 BEGIN
-    -- The checks (which raise) are called only when something is wrong: a hot path.
+    -- The checks (which raise) are called only when something is wrong: a hot path. In two
+    -- steps, because array_position refuses a multi-dimensional array with its own error.
     IF ack_msg_ids IS NULL OR ack_claim_tokens IS NULL
        OR pg_catalog.array_ndims(ack_msg_ids) > 1 OR pg_catalog.array_ndims(ack_claim_tokens) > 1 THEN
         PERFORM pgqueue._check_pairs(ack_msg_ids, ack_claim_tokens, 'ack_msg_ids', 'ack_claim_tokens');

@@ -348,9 +348,14 @@ impl Entry {
         self.epoch += 1;
     }
 
+    /// Claims may use the hints: checked against the table, and no more priorities than fit.
+    fn hints_usable(&self) -> bool {
+        self.known && !self.overflow
+    }
+
     /// (priorities, hints) when claims may use them; None: scan from the start.
     pub fn hints(&self) -> Option<(Vec<i16>, Vec<i64>)> {
-        if !self.known || self.overflow {
+        if !self.hints_usable() {
             return None;
         }
         let n = usize::from(self.nprio);
@@ -421,7 +426,7 @@ impl Entry {
     /// Whether claims may pass over `msg_id` of `priority`: the hints are valid and it lies
     /// below that priority's hint.
     pub fn passes_over(&self, priority: i16, msg_id: i64) -> bool {
-        if !self.known || self.overflow {
+        if !self.hints_usable() {
             return false;
         }
         let n = usize::from(self.nprio);
