@@ -7,6 +7,7 @@ export PGRX_HOME="${PGRX_HOME:-$HOME/.pgrx}"
 export PG15_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PGQUEUE_CACHE/target}"
 export PATH="$HOME/.cargo/bin:$PATH"
+export PGQUEUE_VENV="${PGQUEUE_VENV:-$PGQUEUE_CACHE/venv}"
 pg_config_for() { # major -> pg_config path
     case "$1" in
         15) echo "$PG15_CONFIG" ;;

@@ -13,7 +13,9 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 # --- Debian packages ---------------------------------------------------------
 debs=(sudo bison flex libclang-dev clang pkg-config make gcc libreadline-dev zlib1g-dev
-      libssl-dev libicu-dev ca-certificates curl bzip2 fonts-dejavu-core postgresql-15 postgresql-server-dev-15)
+      libssl-dev libicu-dev ca-certificates curl bzip2 fonts-dejavu-core postgresql-15 postgresql-server-dev-15
+      # clients, examples and what they are tested with (clients/, examples/, monitoring/)
+      python3 python3-venv golang-go golang-github-lib-pq-dev pgbouncer prometheus-postgres-exporter)
 missing=()
 for p in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -27,6 +29,15 @@ if ((${#missing[@]})); then
     if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql/15/main ]; then
         pg_ctlcluster 15 main stop 2>/dev/null || true
     fi
+    # Likewise the services of the packages the tests start on ports of their own.
+    for service in pgbouncer prometheus-postgres-exporter; do
+        service "$service" stop >/dev/null 2>&1 || true
+    done
+fi
+# Node.js and npm for the Node example: Debian's, unless the machine already has both.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    log "installing Node.js and npm"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 
 # --- cargo-pgrx --------------------------------------------------------------
@@ -101,6 +112,23 @@ if ! { [ -f "$want" ] && grep -q "$PG15_CONFIG" "$want" && grep -q "$PGQUEUE_CAC
     log "cargo pgrx init"
     cargo pgrx init --pg15="$PG15_CONFIG" --pg17="$PGQUEUE_CACHE/pg17/bin/pg_config" \
         --pg18="$PGQUEUE_CACHE/pg18/bin/pg_config" >/dev/null
+fi
+
+# --- Python: a virtual environment for the Python client's tests --------------
+# Holds the client's dependencies (from clients/python/pyproject.toml); the tests run the
+# clone's own source on top of it. Re-created when pyproject.toml changes.
+pyproject="$here/../clients/python/pyproject.toml"
+if [ -f "$pyproject" ]; then
+    stamp="$PGQUEUE_VENV/.pyproject.sha256"
+    want_sum=$(sha256sum "$pyproject" | cut -d' ' -f1)
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want_sum" ]; then
+        log "Python environment for the client tests ($PGQUEUE_VENV)"
+        rm -rf "$PGQUEUE_VENV"
+        /usr/bin/python3 -m venv "$PGQUEUE_VENV"
+        "$PGQUEUE_VENV/bin/pip" install -q --upgrade pip
+        "$PGQUEUE_VENV/bin/pip" install -q "$here/../clients/python[test]"
+        echo "$want_sum" >"$stamp"
+    fi
 fi
 
 # The test and run commands install the extension into these trees as root, then the

@@ -76,6 +76,44 @@ impl Server {
         server
     }
 
+    /// A started server of this test binary's major with the library preloaded and the
+    /// extension created in database `postgres`, for tests that drive it from outside (other
+    /// languages' clients, PgBouncer, postgres_exporter) or restart it. `conf` is appended.
+    pub fn with_pgqueue(conf: &[&str]) -> Server {
+        // pgrx's harness installs the extension into the trees before its cluster starts.
+        drop(super::connect());
+        let mut all = vec!["shared_preload_libraries = 'pgqueue'", "max_connections = 200"];
+        all.extend(conf);
+        let server = Server::init(&bindir(this_major()), &all);
+        server.start();
+        server.connect("postgres").batch_execute("CREATE EXTENSION pgqueue").unwrap();
+        server
+    }
+
+    /// A libpq connection string (also a URI-free form psycopg, node-postgres and lib/pq read).
+    pub fn dsn(&self, dbname: &str) -> String {
+        format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", self.port)
+    }
+
+    /// A `postgresql://` URI for `dbname`.
+    pub fn url(&self, dbname: &str) -> String {
+        format!("postgresql://postgres@127.0.0.1:{}/{dbname}", self.port)
+    }
+
+    /// `pg_ctl restart -m fast`: every session ends, the shared memory starts empty.
+    pub fn restart(&self) {
+        let log = format!("{}/server.log", self.dir.display());
+        self.run_ok("pg_ctl", &["-D", &self.data(), "-l", &log, "-m", "fast", "-w", "-t", "60", "restart"]);
+    }
+
+    /// The command line that restarts this server (for a test driver in another language).
+    pub fn restart_command(&self) -> String {
+        let log = format!("{}/server.log", self.dir.display());
+        let pg_ctl = self.bindir.join("pg_ctl");
+        let cmd = format!("{} -D {} -l {log} -m fast -w -t 60 restart", pg_ctl.display(), self.data());
+        if is_root() { format!("sudo -u postgres {cmd}") } else { cmd }
+    }
+
     fn empty(bindir: &Path) -> Server {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let dir = PathBuf::from(format!(
