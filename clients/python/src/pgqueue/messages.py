@@ -1,0 +1,59 @@
+"""What a handler receives, and the small conversions the producer and workers share."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+Seconds = timedelta | int | float
+"""An interval: a timedelta, or a number of seconds."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """A claimed message, as the handler sees it."""
+
+    msg_id: int
+    attempt: int
+    """How many times it was claimed, this claim included (1 on the first)."""
+    payload: Any
+    headers: dict[str, Any] | None
+    priority: int
+    enqueued_at: datetime
+    claim_token: UUID = field(repr=False)
+    """The claim's fence: pgqueue acts on the message only with the current token."""
+
+
+def interval(value: Seconds | None, name: str) -> timedelta | None:
+    """`value` as a timedelta (None stays None); a clear TypeError for anything else."""
+    if value is None or isinstance(value, timedelta):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return timedelta(seconds=value)
+    raise TypeError(f"{name} must be a timedelta or a number of seconds, not {type(value).__name__}")
+
+
+def seconds(value: Seconds, name: str) -> float:
+    delta = interval(value, name)
+    assert delta is not None
+    return delta.total_seconds()
+
+
+def error_text(exc: BaseException) -> str:
+    """What a nack or fail records: the exception's type and message."""
+    name = type(exc).__qualname__
+    module = type(exc).__module__
+    if module not in ("builtins", "__main__"):
+        name = f"{module}.{name}"
+    text = str(exc)
+    return f"{name}: {text}" if text else name
+
+
+def backoff(failures: int, cap: float) -> float:
+    """Seconds to wait after `failures` consecutive failures: doubling from 0.1 s, capped,
+    with jitter so that a fleet of workers does not reconnect in step."""
+    base = min(cap, 0.1 * 2 ** min(failures, 20))
+    return base * random.uniform(0.5, 1.0)
