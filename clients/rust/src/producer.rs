@@ -1,0 +1,117 @@
+//! Sending: on the caller's client or transaction, so a message commits (or vanishes) with
+//! the caller's own writes. Nothing here commits.
+
+use crate::{Error, Result, interval};
+use serde_json::Value;
+use std::time::Duration;
+use tokio_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
+
+/// Optional arguments of [`send`] and [`send_batch`]; what is None is left to the server's
+/// defaults (README "SQL API").
+#[derive(Debug, Clone, Default)]
+pub struct SendOptions {
+    /// Claimable this long after the commit.
+    pub delay: Option<Duration>,
+    /// −1000 … 1000, higher first.
+    pub priority: Option<i16>,
+    /// A JSON object (or any JSON) passed to the consumer beside the payload.
+    pub headers: Option<Value>,
+    /// [`send`] only: while a message of the queue holds this key, another send with it
+    /// enqueues nothing and returns that message's id.
+    pub dedup_key: Option<String>,
+    /// [`send_batch`] only: one key (or None) per payload.
+    pub dedup_keys: Option<Vec<Option<String>>>,
+    /// How long a key stays taken after its message finished.
+    pub dedup_for: Option<Duration>,
+}
+
+/// `SELECT pgqueue.<function>(queue => $1, <first> => $2, …)` with only the options set.
+struct Call {
+    args: Vec<String>,
+    params: Vec<Box<dyn ToSql + Sync + Send>>,
+}
+
+impl Call {
+    fn new() -> Self {
+        Call { args: vec![], params: vec![] }
+    }
+
+    fn arg(&mut self, name: &str, cast: &str, value: impl ToSql + Sync + Send + 'static) {
+        self.params.push(Box::new(value));
+        self.args.push(format!("{name} => ${}::{cast}", self.params.len()));
+    }
+
+    fn options(&mut self, opts: SendOptions) {
+        if let Some(delay) = opts.delay {
+            self.arg("delay", "text::interval", interval(delay));
+        }
+        if let Some(priority) = opts.priority {
+            self.arg("priority", "smallint", priority);
+        }
+        if let Some(headers) = opts.headers {
+            self.arg("headers", "jsonb", headers);
+        }
+        if let Some(key) = opts.dedup_key {
+            self.arg("dedup_key", "text", key);
+        }
+        if let Some(keys) = opts.dedup_keys {
+            self.arg("dedup_keys", "text[]", keys);
+        }
+        if let Some(dedup_for) = opts.dedup_for {
+            self.arg("dedup_for", "text::interval", interval(dedup_for));
+        }
+    }
+
+    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        self.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect()
+    }
+}
+
+/// Enqueues one message on `client` (a `Client` in autocommit, or a `Transaction`: then it is
+/// visible when that transaction commits). Returns its msg_id.
+pub async fn send(client: &impl GenericClient, queue: &str, payload: &Value, opts: SendOptions) -> Result<i64> {
+    if opts.dedup_keys.is_some() {
+        return Err(Error::InvalidArgument("send takes dedup_key; dedup_keys is for send_batch".into()));
+    }
+    let mut call = Call::new();
+    call.arg("queue", "text", queue.to_owned());
+    call.arg("payload", "jsonb", payload.clone());
+    call.options(opts);
+    let sql = format!("SELECT pgqueue.pgq_send({})", call.args.join(", "));
+    Ok(client.query_one(&sql, &call.params()).await?.get(0))
+}
+
+/// Enqueues many messages in one statement (at most 10,000). Returns their msg_ids in the
+/// order of `payloads`.
+pub async fn send_batch(
+    client: &impl GenericClient,
+    queue: &str,
+    payloads: &[Value],
+    opts: SendOptions,
+) -> Result<Vec<i64>> {
+    if opts.dedup_key.is_some() {
+        return Err(Error::InvalidArgument(
+            "send_batch takes dedup_keys (one per payload); dedup_key is for send".into(),
+        ));
+    }
+    if let Some(keys) = &opts.dedup_keys
+        && keys.len() != payloads.len()
+    {
+        return Err(Error::InvalidArgument(format!(
+            "dedup_keys has {} keys for {} payloads",
+            keys.len(),
+            payloads.len()
+        )));
+    }
+    let mut call = Call::new();
+    call.arg("queue", "text", queue.to_owned());
+    call.arg("payloads", "jsonb[]", payloads.to_vec());
+    call.options(opts);
+    let sql = format!(
+        "SELECT id FROM pgqueue.pgq_send_batch({}) WITH ORDINALITY AS t(id, n) ORDER BY n",
+        call.args.join(", ")
+    );
+    let rows = client.query(&sql, &call.params()).await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}

@@ -1,0 +1,509 @@
+//! The worker: a claim loop on one connection (waiting claims block it server-side), and a
+//! task per message whose renewals and ack/nack/fail go through a second connection.
+
+use crate::{Error, HandlerError, Result, interval};
+use serde_json::Value;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_postgres::{Client, Config, NoTls, Statement};
+use uuid::Uuid;
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What a worker runs and how. Built with [`WorkerConfig::new`] and the setters below.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    conninfo: String,
+    queue: String,
+    concurrency: usize,
+    batch: Option<usize>,
+    lease: Option<Duration>,
+    wait: Duration,
+    consumer: Option<String>,
+    grace: Duration,
+    max_backoff: Duration,
+}
+
+impl WorkerConfig {
+    /// `conninfo`: a libpq-style `key=value` string or a `postgresql://` URL (no TLS).
+    pub fn new(conninfo: impl Into<String>, queue: impl Into<String>) -> Self {
+        WorkerConfig {
+            conninfo: conninfo.into(),
+            queue: queue.into(),
+            concurrency: 10,
+            batch: None,
+            lease: None,
+            wait: Duration::from_secs(30),
+            consumer: None,
+            grace: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+
+    /// Handlers running at once (default 10).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// Most messages one claim takes, 1 … 1000 (default: `concurrency`, at most 1000). A
+    /// claim never takes more than there are free handler slots.
+    pub fn batch(mut self, n: usize) -> Self {
+        self.batch = Some(n);
+        self
+    }
+
+    /// The lease of each claim and renewal (default: the queue's). Renewed every lease/3.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// How long one claim waits server-side for messages, more than 0 and at most 1 minute
+    /// (default 30 s).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// The consumer name recorded on claims (default `rust-<pid>`).
+    pub fn consumer(mut self, name: impl Into<String>) -> Self {
+        self.consumer = Some(name.into());
+        self
+    }
+
+    /// How long a shutdown waits for running handlers before giving their messages back
+    /// (default 30 s).
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// The longest pause between two reconnection attempts (default 30 s; doubling from 100 ms).
+    pub fn max_backoff(mut self, max: Duration) -> Self {
+        self.max_backoff = max;
+        self
+    }
+
+    fn check(&self) -> Result<usize> {
+        let invalid = |what: String| Err(Error::InvalidArgument(what));
+        if self.concurrency == 0 {
+            return invalid("concurrency must be at least 1".into());
+        }
+        let batch = self.batch.unwrap_or(self.concurrency.min(1000));
+        if !(1..=1000).contains(&batch) {
+            return invalid(format!("batch must be 1 … 1000, not {batch}"));
+        }
+        if self.wait.is_zero() || self.wait > Duration::from_secs(60) {
+            return invalid(format!("wait must be more than 0 and at most 1 minute, not {:?}", self.wait));
+        }
+        if self.lease.is_some_and(|l| l.is_zero()) {
+            return invalid("lease must be more than 0".into());
+        }
+        Ok(batch)
+    }
+}
+
+/// A claimed message, as the handler gets it.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub msg_id: i64,
+    /// This claim's fencing token (the worker renews and acks with it).
+    pub claim_token: Uuid,
+    /// Claims of this message so far, this one included (1 on the first delivery).
+    pub attempt: i32,
+    pub priority: i16,
+    pub payload: Value,
+    pub headers: Option<Value>,
+    pub enqueued_at: SystemTime,
+    /// When the lease ended at the claim (the worker extends it while the handler runs).
+    pub lease_expires_at: SystemTime,
+}
+
+/// Runs `handler` on the messages of one queue; see [`Worker::run`].
+pub struct Worker<H> {
+    config: WorkerConfig,
+    handler: Arc<H>,
+}
+
+impl<H, F> Worker<H>
+where
+    H: Fn(Message) -> F + Send + Sync + 'static,
+    F: Future<Output = std::result::Result<(), HandlerError>> + Send + 'static,
+{
+    pub fn new(config: WorkerConfig, handler: H) -> Self {
+        Worker { config, handler: Arc::new(handler) }
+    }
+
+    /// Claims and handles messages until `shutdown` resolves: then it stops claiming (a
+    /// waiting claim is cancelled), waits up to the grace period for running handlers, and
+    /// gives back (`pgq_nack`, `retry_in => '0'`) the messages of those still running.
+    ///
+    /// Connection losses and server restarts are retried with capped exponential backoff.
+    /// Returns an error only for what retrying cannot fix (an unknown queue: SQLSTATE
+    /// 42704, missing privileges, a bad argument), after the same graceful stop.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let batch = self.config.check()?;
+        let mut pg: Config = self.config.conninfo.parse()?;
+        if pg.get_application_name().is_none() {
+            pg.application_name("pgqueue-worker");
+        }
+        let shared = Arc::new(Shared {
+            consumer: self.config.consumer.clone().unwrap_or_else(|| format!("rust-{}", std::process::id())),
+            lease: self.config.lease.map(interval),
+            config: self.config,
+            pg,
+            finisher: Mutex::new(None),
+        });
+        let slots = Arc::new(Semaphore::new(shared.config.concurrency));
+        let (giveback, _) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut claimer: Option<(Client, Statement)> = None;
+        let mut backoff = FIRST_BACKOFF;
+        let mut fatal = None;
+
+        loop {
+            // One free handler slot at least, then as many more as are free (up to batch).
+            let first = tokio::select! {
+                permit = slots.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+                () = &mut shutdown => break,
+            };
+            let mut permits = vec![first];
+            while permits.len() < batch {
+                match slots.clone().try_acquire_owned() {
+                    Ok(permit) => permits.push(permit),
+                    Err(_) => break,
+                }
+            }
+
+            let (client, statement) = match claimer.take() {
+                Some(c) if !c.0.is_closed() => c,
+                _ => {
+                    let connected = tokio::select! {
+                        c = claim_connection(&shared.pg) => c,
+                        () = &mut shutdown => break,
+                    };
+                    match connected {
+                        Ok(c) => c,
+                        Err(e) if e.is_transient() => {
+                            log::warn!("pgqueue worker: cannot connect ({e}); retrying in {backoff:?}");
+                            if pause(&mut backoff, shared.config.max_backoff, &mut shutdown).await {
+                                break;
+                            }
+                            continue;
+                        }
+                        Err(e) => {
+                            fatal = Some(e);
+                            break;
+                        }
+                    }
+                }
+            };
+
+            let mut stopping = false;
+            let result = {
+                let claim = claim(&client, &statement, &shared, permits.len());
+                tokio::pin!(claim);
+                tokio::select! {
+                    r = &mut claim => r,
+                    () = &mut shutdown => {
+                        stopping = true;
+                        // End the waiting claim now: it then holds nothing (57014), or returns
+                        // what it got just before, handled (or given back) like the rest.
+                        if let Err(e) = client.cancel_token().cancel_query(NoTls).await {
+                            log::debug!("pgqueue worker: cancelling the waiting claim: {e}");
+                        }
+                        claim.await
+                    }
+                }
+            };
+            match result {
+                Ok(claimed) => {
+                    backoff = FIRST_BACKOFF;
+                    claimer = Some((client, statement));
+                    // Slots beyond what was claimed are released as `permits` drops.
+                    for (c, permit) in claimed.into_iter().zip(permits.drain(..)) {
+                        let job = process(shared.clone(), self.handler.clone(), c, giveback.subscribe(), permit);
+                        tasks.spawn(job);
+                    }
+                }
+                Err(e) if stopping => log::debug!("pgqueue worker: the claim ended by the shutdown: {e}"),
+                Err(e) if e.is_transient() => {
+                    log::warn!("pgqueue worker: claim failed ({e}); reconnecting in {backoff:?}");
+                    drop(permits);
+                    if pause(&mut backoff, shared.config.max_backoff, &mut shutdown).await {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    fatal = Some(e);
+                    break;
+                }
+            }
+            if stopping {
+                break;
+            }
+        }
+
+        drop(claimer);
+        let all_done = async { while tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(shared.config.grace, all_done).await.is_err() {
+            log::info!("pgqueue worker: grace period over; giving back {} message(s) still held", tasks.len());
+            giveback.send_replace(true);
+            while tasks.join_next().await.is_some() {}
+        }
+        match fatal {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Sleeps `backoff` (then doubles it up to `max`); true when `shutdown` came first.
+async fn pause(backoff: &mut Duration, max: Duration, shutdown: &mut (impl Future<Output = ()> + Unpin)) -> bool {
+    let stop = tokio::select! {
+        () = tokio::time::sleep(*backoff) => false,
+        () = shutdown => true,
+    };
+    *backoff = (*backoff * 2).min(max);
+    stop
+}
+
+async fn connect(pg: &Config) -> Result<Client> {
+    let (client, connection) = pg.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            log::debug!("pgqueue worker: connection ended: {e}");
+        }
+    });
+    Ok(client)
+}
+
+async fn claim_connection(pg: &Config) -> Result<(Client, Statement)> {
+    let client = connect(pg).await?;
+    // The lease as granted (lease_expires_at − now(), now() being the claim statement's
+    // start), and what is left of it when the claim returns: a claim that waited for
+    // messages has used part of its lease waiting.
+    let statement = client
+        .prepare(
+            "SELECT msg_id, claim_token, attempt, priority, payload, headers, enqueued_at, lease_expires_at,
+                    EXTRACT(epoch FROM lease_expires_at - now())::float8,
+                    EXTRACT(epoch FROM lease_expires_at - clock_timestamp())::float8
+               FROM pgqueue.pgq_claim(queue => $1::text, qty => $2::int, lease => $3::text::interval,
+                                      consumer => $4::text, wait => $5::text::interval)",
+        )
+        .await?;
+    Ok((client, statement))
+}
+
+/// A claimed message, its granted lease and the part of it left when the claim returned.
+struct Claimed {
+    msg: Message,
+    lease: Duration,
+    left: Duration,
+}
+
+async fn claim(client: &Client, statement: &Statement, shared: &Shared, qty: usize) -> Result<Vec<Claimed>> {
+    let c = &shared.config;
+    let rows =
+        client.query(statement, &[&c.queue, &(qty as i32), &shared.lease, &shared.consumer, &interval(c.wait)]).await?;
+    let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
+    Ok(rows
+        .iter()
+        .map(|r| Claimed {
+            msg: Message {
+                msg_id: r.get(0),
+                claim_token: r.get(1),
+                attempt: r.get(2),
+                priority: r.get(3),
+                payload: r.get(4),
+                headers: r.get(5),
+                enqueued_at: r.get(6),
+                lease_expires_at: r.get(7),
+            },
+            lease: secs(r.get(8)),
+            left: secs(r.get(9)),
+        })
+        .collect())
+}
+
+struct Shared {
+    config: WorkerConfig,
+    consumer: String,
+    /// The configured lease as an interval literal; None: the queue's.
+    lease: Option<String>,
+    pg: Config,
+    /// The connection for renewals and acks, (re)made on demand.
+    finisher: Mutex<Option<Arc<Client>>>,
+}
+
+enum Op {
+    Renew,
+    Ack,
+    Nack { retry_in: Option<Duration>, error: String },
+    Fail { error: String },
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::Renew => "renew",
+            Op::Ack => "ack",
+            Op::Nack { .. } => "nack",
+            Op::Fail { .. } => "fail",
+        })
+    }
+}
+
+impl Shared {
+    async fn finisher(&self) -> Result<Arc<Client>> {
+        // Held while connecting: one reconnection, which the other tasks wait for.
+        let mut slot = self.finisher.lock().await;
+        if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(client.clone());
+        }
+        *slot = None;
+        let client = Arc::new(connect(&self.pg).await?);
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+
+    /// One try of `op`; true when the claim was still held (and now renewed or finished).
+    async fn try_op(&self, op: &Op, id: i64, token: Uuid) -> Result<bool> {
+        let client = self.finisher().await?;
+        let row = match op {
+            Op::Renew => {
+                let sql = "SELECT pgqueue.pgq_renew(msg_id => $1::bigint, claim_token => $2::uuid, lease => $3::text::interval)";
+                client.query_one(sql, &[&id, &token, &self.lease]).await?
+            }
+            Op::Ack => {
+                let sql = "SELECT pgqueue.pgq_ack(msg_id => $1::bigint, claim_token => $2::uuid)";
+                client.query_one(sql, &[&id, &token]).await?
+            }
+            Op::Nack { retry_in, error } => {
+                let sql = "SELECT pgqueue.pgq_nack(msg_id => $1::bigint, claim_token => $2::uuid,
+                                                   retry_in => $3::text::interval, error => $4::text)";
+                client.query_one(sql, &[&id, &token, &retry_in.map(interval), error]).await?
+            }
+            Op::Fail { error } => {
+                let sql = "SELECT pgqueue.pgq_fail(msg_id => $1::bigint, claim_token => $2::uuid, error => $3::text)";
+                client.query_one(sql, &[&id, &token, error]).await?
+            }
+        };
+        Ok(row.get(0))
+    }
+
+    /// `op`, retried through connection losses until `until` (when the lease ends, after which
+    /// the token is stale anyway). None: it did not get through (logged); the server
+    /// redelivers the message once its lease ends.
+    async fn op(&self, op: &Op, id: i64, token: Uuid, until: Instant) -> Option<bool> {
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            match self.try_op(op, id, token).await {
+                Ok(held) => return Some(held),
+                Err(e) if e.is_transient() && Instant::now() + backoff < until => {
+                    log::warn!("pgqueue worker: {op} of message {id} failed ({e}); retrying in {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                }
+                Err(e) => {
+                    log::error!(
+                        "pgqueue worker: {op} of message {id} failed ({e}); it will be delivered again once its lease ends"
+                    );
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// One message: the handler in a task of its own, its lease renewed every lease/3 meanwhile,
+/// then ack, nack or fail by its outcome — or given back if the worker stops first.
+async fn process<H, F>(
+    shared: Arc<Shared>,
+    handler: Arc<H>,
+    claimed: Claimed,
+    mut giveback: watch::Receiver<bool>,
+    permit: OwnedSemaphorePermit,
+) where
+    H: Fn(Message) -> F + Send + Sync + 'static,
+    F: Future<Output = std::result::Result<(), HandlerError>> + Send + 'static,
+{
+    let Claimed { msg, lease, left } = claimed;
+    let (id, token) = (msg.msg_id, msg.claim_token);
+    let mut lease_end = Instant::now() + left;
+    let renew = async |lease_end: &mut Instant| -> bool {
+        let asked = Instant::now();
+        match shared.try_op(&Op::Renew, id, token).await {
+            Ok(true) => {
+                *lease_end = asked + lease;
+                true
+            }
+            Ok(false) => {
+                log::warn!(
+                    "pgqueue worker: message {id}: claim lost (lease expired and re-armed); its work may be repeated"
+                );
+                false
+            }
+            Err(e) => {
+                log::warn!("pgqueue worker: renewing message {id} failed ({e}); trying again");
+                true
+            }
+        }
+    };
+    // A claim that waited for messages spent part of the lease waiting (it counts from the
+    // claim statement's start): renew before starting if a third of it or more is gone.
+    if left < lease * 2 / 3 && !renew(&mut lease_end).await {
+        return;
+    }
+
+    let mut job = tokio::spawn((handler)(msg));
+    let period = (lease / 3).max(Duration::from_millis(10));
+    let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut held = true;
+    let outcome = loop {
+        tokio::select! {
+            done = &mut job => break Some(done),
+            _ = ticks.tick(), if held => held = renew(&mut lease_end).await,
+            Ok(()) = giveback.changed() => {
+                job.abort();
+                break None;
+            }
+        }
+    };
+
+    let op = match outcome {
+        None => Op::Nack { retry_in: Some(Duration::ZERO), error: "worker stopped before the handler finished".into() },
+        Some(Ok(Ok(()))) => Op::Ack,
+        Some(Ok(Err(HandlerError::Retry { error, retry_in }))) => Op::Nack { retry_in, error },
+        Some(Ok(Err(HandlerError::Permanent { error }))) => Op::Fail { error },
+        Some(Err(e)) => Op::Nack { retry_in: None, error: panic_text(e) },
+    };
+    if shared.op(&op, id, token, lease_end).await == Some(false) {
+        log::warn!(
+            "pgqueue worker: message {id}: {op} found its claim lost (lease expired and re-armed, or finished \
+             elsewhere): nothing changed; its work may be repeated"
+        );
+    }
+    drop(permit);
+}
+
+fn panic_text(e: JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(panic) => match panic.downcast_ref::<&str>() {
+            Some(s) => format!("handler panicked: {s}"),
+            None => match panic.downcast_ref::<String>() {
+                Some(s) => format!("handler panicked: {s}"),
+                None => "handler panicked".into(),
+            },
+        },
+        Err(e) => format!("handler task ended: {e}"),
+    }
+}

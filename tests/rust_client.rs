@@ -1,0 +1,453 @@
+//! The Rust client (`clients/rust`, crate `pgqueue-client`) against a live server of its own:
+//! sends inside the caller's transaction (rolled back: nothing), a worker that handles 2,000
+//! messages exactly once, nacks retryable errors with their text, dead-letters permanent ones,
+//! keeps a job past its lease by renewing it, gives back what it holds when it stops, and
+//! survives `pg_terminate_backend` of its connections and a server restart without losing or
+//! doubling a message.
+
+mod common;
+
+use common::server::Server;
+use common::{Client, wait_for};
+use pgqueue_client::{
+    Error, HandlerError, Message, SendOptions, Worker, WorkerConfig, send, send_batch, tokio_postgres,
+};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::runtime::Runtime;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn server() -> Server {
+    Server::with_pgqueue(&["pgqueue.tick_interval = '200ms'"])
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// A tokio-postgres connection for the producer's calls, driven on `rt`.
+fn async_client(rt: &Runtime, server: &Server) -> tokio_postgres::Client {
+    rt.block_on(async {
+        let (client, connection) =
+            tokio_postgres::connect(&server.dsn("postgres"), tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+    })
+}
+
+/// How many times the handler ran for each msg_id.
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<HashMap<i64, u32>>>);
+
+impl Calls {
+    fn record(&self, msg: &Message) {
+        *self.0.lock().unwrap().entry(msg.msg_id).or_default() += 1;
+    }
+    fn of(&self, id: i64) -> u32 {
+        self.0.lock().unwrap().get(&id).copied().unwrap_or(0)
+    }
+    fn total(&self) -> u32 {
+        self.0.lock().unwrap().values().sum()
+    }
+}
+
+/// A worker running on `rt` until the returned sender fires (or is dropped).
+fn start<H, F>(
+    rt: &Runtime,
+    config: WorkerConfig,
+    handler: H,
+) -> (oneshot::Sender<()>, JoinHandle<pgqueue_client::Result<()>>)
+where
+    H: Fn(Message) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    let (stop, stopped) = oneshot::channel::<()>();
+    let worker = Worker::new(config, handler);
+    let run = rt.spawn(worker.run(async move {
+        let _ = stopped.await;
+    }));
+    (stop, run)
+}
+
+/// Stops a worker and returns what `run` returned.
+fn stop(
+    rt: &Runtime,
+    (stop, run): (oneshot::Sender<()>, JoinHandle<pgqueue_client::Result<()>>),
+) -> pgqueue_client::Result<()> {
+    let _ = stop.send(());
+    rt.block_on(async {
+        tokio::time::timeout(LIMIT, run).await.expect("the worker stops").expect("run does not panic")
+    })
+}
+
+fn count(c: &mut Client, sql: &str, q: &str) -> i64 {
+    c.query_one(sql, &[&q]).unwrap().get(0)
+}
+
+fn completed(c: &mut Client, q: &str) -> i64 {
+    count(c, "SELECT count(*) FROM pgqueue.history WHERE queue = $1 AND outcome = 'completed'", q)
+}
+
+fn until_completed(c: &mut Client, q: &str, n: i64) {
+    wait_for(&format!("{n} messages of {q} completed"), LIMIT, || (completed(c, q) >= n).then_some(()));
+}
+
+/// Each finished message once in the history: (msg_id, outcome, attempt, last_error).
+fn history(c: &mut Client, q: &str) -> HashMap<i64, (String, i32, Option<String>)> {
+    let rows =
+        c.query("SELECT msg_id, outcome, attempt, last_error FROM pgqueue.history WHERE queue = $1", &[&q]).unwrap();
+    let mut all = HashMap::new();
+    for r in rows {
+        let id: i64 = r.get(0);
+        assert!(all.insert(id, (r.get(1), r.get(2), r.get(3))).is_none(), "message {id} finished twice");
+    }
+    all
+}
+
+fn waiting_claims(c: &mut Client, q: &str) -> i64 {
+    c.query_opt("SELECT waiting_claims FROM pgqueue.queue_depth WHERE queue = $1", &[&q])
+        .unwrap()
+        .map_or(0, |r| r.get(0))
+}
+
+#[test]
+fn sends_belong_to_the_callers_transaction() {
+    let server = server();
+    let rt = runtime();
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('sends')").unwrap();
+    let mut client = async_client(&rt, &server);
+    let in_queue = |c: &mut Client| count(c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1", "sends");
+
+    // Rolled back: nothing, although ids were handed out.
+    rt.block_on(async {
+        let tx = client.transaction().await.unwrap();
+        send(&tx, "sends", &json!({"n": 0}), SendOptions::default()).await.unwrap();
+        let ids = send_batch(&tx, "sends", &[json!(1), json!(2)], SendOptions::default()).await.unwrap();
+        assert_eq!(ids.len(), 2);
+        tx.rollback().await.unwrap();
+    });
+    assert_eq!(in_queue(&mut c), 0);
+
+    // Committed with a business write: both there, ids in payload order, options applied.
+    let (one, batch) = rt.block_on(async {
+        client.batch_execute("CREATE TABLE orders (id int)").await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        tx.execute("INSERT INTO orders VALUES (1)", &[]).await.unwrap();
+        let opts = SendOptions {
+            priority: Some(5),
+            headers: Some(json!({"trace": "t1"})),
+            delay: Some(Duration::from_secs(3600)),
+            ..Default::default()
+        };
+        let one = send(&tx, "sends", &json!({"order": 1}), opts).await.unwrap();
+        let payloads: Vec<Value> = (0..100).map(|n| json!({"n": n})).collect();
+        let batch = send_batch(&tx, "sends", &payloads, SendOptions::default()).await.unwrap();
+        tx.commit().await.unwrap();
+        (one, batch)
+    });
+    assert_eq!(in_queue(&mut c), 101);
+    let r = c
+        .query_one("SELECT state, priority, headers->>'trace' FROM pgqueue.messages WHERE msg_id = $1", &[&one])
+        .unwrap();
+    assert_eq!((r.get::<_, String>(0), r.get::<_, i16>(1), r.get::<_, String>(2)), ("delayed".into(), 5, "t1".into()));
+    for (n, id) in batch.iter().enumerate() {
+        let payload: Value =
+            c.query_one("SELECT payload FROM pgqueue.messages WHERE msg_id = $1", &[id]).unwrap().get(0);
+        assert_eq!(payload, json!({"n": n}));
+    }
+
+    rt.block_on(async {
+        // On a plain client (autocommit), with a dedup key: the second send returns the first id.
+        let key = || SendOptions { dedup_key: Some("k1".into()), ..Default::default() };
+        let a = send(&client, "sends", &json!({}), key()).await.unwrap();
+        let b = send(&client, "sends", &json!({}), key()).await.unwrap();
+        assert_eq!(a, b);
+        let keys =
+            SendOptions { dedup_keys: Some(vec![Some("x".into()), None, Some("x".into())]), ..Default::default() };
+        let ids = send_batch(&client, "sends", &[json!(1), json!(2), json!(3)], keys).await.unwrap();
+        assert_eq!(ids[0], ids[2]);
+        assert_ne!(ids[0], ids[1]);
+
+        // Errors: the server's with their SQLSTATE, the client's own before any call.
+        let e = send(&client, "nope", &json!({}), SendOptions::default()).await.unwrap_err();
+        assert_eq!(e.sqlstate(), Some("42704"), "{e}");
+        assert!(e.to_string().contains("42704"), "{e}");
+        let e = send(&client, "sends", &json!({}), SendOptions { priority: Some(5000), ..Default::default() }).await;
+        assert_eq!(e.unwrap_err().sqlstate(), Some("22023"));
+        let e = send_batch(&client, "nope", &[json!(1)], SendOptions::default()).await.unwrap_err();
+        assert_eq!(e.sqlstate(), Some("42704"));
+        let bad = SendOptions { dedup_keys: Some(vec![None]), ..Default::default() };
+        let e = send_batch(&client, "sends", &[json!(1), json!(2)], bad).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert_eq!(e.sqlstate(), None);
+    });
+}
+
+#[test]
+fn a_worker_handles_every_message_exactly_once() {
+    let server = server();
+    let rt = runtime();
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('many', lease => '60 s')").unwrap();
+    let calls = Calls::default();
+    let recorded = calls.clone();
+    let config = WorkerConfig::new(server.dsn("postgres"), "many").concurrency(8).batch(20);
+    let worker = start(&rt, config, move |msg| {
+        recorded.record(&msg);
+        async { Ok(()) }
+    });
+    // Sent while the worker runs (its first claim waits for them), in two transactions.
+    let client = async_client(&rt, &server);
+    let mut ids = vec![];
+    for part in 0..2 {
+        let payloads: Vec<Value> = (0..1000).map(|n| json!({"part": part, "n": n})).collect();
+        ids.extend(rt.block_on(send_batch(&client, "many", &payloads, SendOptions::default())).unwrap());
+    }
+    until_completed(&mut c, "many", 2000);
+    stop(&rt, worker).unwrap();
+
+    let history = history(&mut c, "many");
+    assert_eq!(history.len(), 2000);
+    for id in &ids {
+        assert_eq!(history[id].0, "completed");
+        assert_eq!(history[id].1, 1, "message {id} was claimed more than once");
+        assert_eq!(calls.of(*id), 1, "message {id} was handled {} times", calls.of(*id));
+    }
+    assert_eq!(calls.total(), 2000);
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1", "many"), 0);
+}
+
+fn io_work() -> std::io::Result<()> {
+    Err(std::io::Error::other("disk on fire"))
+}
+
+#[test]
+fn handler_errors_nack_with_their_text_or_dead_letter() {
+    let server = server();
+    let rt = runtime();
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('errors', max_attempts => 3)").unwrap();
+    let calls = Calls::default();
+    let recorded = calls.clone();
+    let config = WorkerConfig::new(server.dsn("postgres"), "errors").concurrency(4);
+    let worker = start(&rt, config, move |msg| {
+        recorded.record(&msg);
+        async move {
+            match msg.payload["kind"].as_str().unwrap() {
+                // `?` on any std error: a retry with the server's backoff, until the last attempt.
+                "io" => {
+                    io_work()?;
+                    Ok(())
+                }
+                "later" => Err(HandlerError::retry_in("smtp 451", Duration::from_secs(3600))),
+                "bad" => Err(HandlerError::permanent("bad address")),
+                "panic_once" if msg.attempt == 1 => panic!("first time unlucky"),
+                _ => Ok(()),
+            }
+        }
+    });
+    let mut id = |kind: &str| -> i64 {
+        c.query_one("SELECT pgqueue.pgq_send('errors', jsonb_build_object('kind', $1::text))", &[&kind]).unwrap().get(0)
+    };
+    let (io, later, bad, panic_once) = (id("io"), id("later"), id("bad"), id("panic_once"));
+
+    let finished = |c: &mut Client| count(c, "SELECT count(*) FROM pgqueue.history WHERE queue = $1", "errors");
+    // io: three attempts (1 s and 2 s backoff between); bad: at once; panic_once: at its second.
+    wait_for("three messages finished", LIMIT, || (finished(&mut c) == 3).then_some(()));
+    let nacked = wait_for("the nacked message delayed", LIMIT, || {
+        let r = c
+            .query_one("SELECT state, attempt, last_error FROM pgqueue.messages WHERE msg_id = $1", &[&later])
+            .unwrap();
+        (r.get::<_, String>(0) == "delayed").then(|| (r.get::<_, i32>(1), r.get::<_, Option<String>>(2)))
+    });
+    assert_eq!(nacked, (1, Some("smtp 451".into())), "nacked on its first attempt with the handler's error");
+    stop(&rt, worker).unwrap();
+
+    let history = history(&mut c, "errors");
+    assert_eq!(history[&io], ("dead".into(), 3, Some("disk on fire".into())));
+    assert_eq!(history[&bad], ("dead".into(), 1, Some("bad address".into())));
+    assert_eq!(history[&panic_once].0, "completed");
+    assert_eq!(history[&panic_once].1, 2);
+    let panic_text = history[&panic_once].2.clone().unwrap_or_default();
+    assert!(panic_text.contains("first time unlucky"), "{panic_text}");
+    assert_eq!((calls.of(io), calls.of(later), calls.of(bad), calls.of(panic_once)), (3, 1, 1, 2));
+}
+
+#[test]
+fn renewals_keep_a_long_job_past_its_lease() {
+    let server = server();
+    let rt = runtime();
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('long', lease => '2 s')").unwrap();
+    let calls = Calls::default();
+    let recorded = calls.clone();
+    // The queue's lease (the worker is not told it); free slots to take the job again if
+    // its claim were lost.
+    let config = WorkerConfig::new(server.dsn("postgres"), "long").concurrency(4).wait(Duration::from_secs(30));
+    let worker = start(&rt, config, move |msg| {
+        recorded.record(&msg);
+        async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(())
+        }
+    });
+    // The claim has waited longer than the lease when the message arrives: its lease, counted
+    // from the claim statement's start, is gone by then unless the worker renews at once.
+    wait_for("the worker's waiting claim", LIMIT, || (waiting_claims(&mut c, "long") == 1).then_some(()));
+    std::thread::sleep(Duration::from_secs(3));
+    let id: i64 = c.query_one("SELECT pgqueue.pgq_send('long', '{}')", &[]).unwrap().get(0);
+    until_completed(&mut c, "long", 1);
+    stop(&rt, worker).unwrap();
+
+    let history = history(&mut c, "long");
+    assert_eq!(history[&id], ("completed".into(), 1, None), "claimed once, never re-armed");
+    assert_eq!(calls.of(id), 1);
+    let rearmed: i64 = c.query_one("SELECT rearmed FROM pgqueue.worker_stats", &[]).unwrap().get(0);
+    assert_eq!(rearmed, 0);
+}
+
+#[test]
+fn a_stopping_worker_finishes_or_gives_back_what_it_holds() {
+    let server = server();
+    let rt = runtime();
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('stop')").unwrap();
+
+    // Idle in a 60 s waiting claim: stopping cancels it rather than waiting it out.
+    let config = WorkerConfig::new(server.dsn("postgres"), "stop").wait(Duration::from_secs(60));
+    let idle = start(&rt, config, |_| async { Ok(()) });
+    wait_for("the idle worker's waiting claim", LIMIT, || (waiting_claims(&mut c, "stop") == 1).then_some(()));
+    let _ = idle.0.send(());
+    let stopped = rt.block_on(async { tokio::time::timeout(Duration::from_secs(40), idle.1).await });
+    stopped.expect("stops without waiting out its claim").unwrap().unwrap();
+    wait_for("no waiting claim", LIMIT, || (waiting_claims(&mut c, "stop") == 0).then_some(()));
+
+    // Two handlers that finish soon after the stop, two that never finish.
+    let ids: Vec<i64> = c
+        .query("SELECT pgqueue.pgq_send('stop', jsonb_build_object('hang', g > 2)) FROM generate_series(1, 4) g", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let calls = Calls::default();
+    let recorded = calls.clone();
+    let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
+    let config = WorkerConfig::new(server.dsn("postgres"), "stop").concurrency(4).grace(Duration::from_secs(5));
+    let worker = start(&rt, config, move |msg| {
+        recorded.record(&msg);
+        let mut stopping = stopping.clone();
+        async move {
+            if msg.payload["hang"].as_bool().unwrap() {
+                std::future::pending::<()>().await;
+            }
+            let _ = stopping.wait_for(|s| *s).await;
+            Ok(())
+        }
+    });
+    wait_for("four handlers running", LIMIT, || (calls.total() == 4).then_some(()));
+    stopping_tx.send_replace(true);
+    stop(&rt, worker).unwrap();
+
+    let history = history(&mut c, "stop");
+    assert_eq!(history.len(), 2);
+    for id in &ids[..2] {
+        assert_eq!(history[id].0, "completed");
+    }
+    for id in &ids[2..] {
+        let r =
+            c.query_one("SELECT state, attempt, last_error FROM pgqueue.messages WHERE msg_id = $1", &[id]).unwrap();
+        assert_eq!(r.get::<_, String>(0), "ready", "message {id} given back for now");
+        assert_eq!(r.get::<_, i32>(1), 1);
+        assert_eq!(r.get::<_, String>(2), "worker stopped before the handler finished");
+    }
+}
+
+#[test]
+fn a_worker_reconnects_after_terminated_sessions_and_a_restart() {
+    let server = server();
+    let rt = runtime();
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('chaos', lease => '30 s')").unwrap();
+    let calls = Calls::default();
+    let recorded = calls.clone();
+    let dsn = format!("{} application_name=chaos_worker", server.dsn("postgres"));
+    let config = WorkerConfig::new(dsn, "chaos").concurrency(4).max_backoff(Duration::from_secs(1));
+    let worker = start(&rt, config, move |msg| {
+        recorded.record(&msg);
+        async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(())
+        }
+    });
+    let send = |c: &mut Client| {
+        c.execute("SELECT pgqueue.pgq_send('chaos', jsonb_build_object('n', g)) FROM generate_series(1, 300) g", &[])
+            .unwrap()
+    };
+
+    send(&mut c);
+    wait_for("work under way", LIMIT, || (completed(&mut c, "chaos") >= 50).then_some(()));
+    let pids: Vec<i32> = c
+        .query("SELECT pid FROM pg_stat_activity WHERE application_name = 'chaos_worker'", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(pids.len(), 2, "the worker's claim and finishing connections");
+    for pid in pids {
+        let killed: bool = c.query_one("SELECT pg_terminate_backend($1)", &[&pid]).unwrap().get(0);
+        assert!(killed);
+    }
+    until_completed(&mut c, "chaos", 300);
+
+    send(&mut c);
+    wait_for("work under way again", LIMIT, || (completed(&mut c, "chaos") >= 350).then_some(()));
+    server.restart();
+    let mut c = server.connect("postgres");
+    until_completed(&mut c, "chaos", 600);
+    let reconnected: i64 =
+        count(&mut c, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", "chaos_worker");
+    assert_eq!(reconnected, 2);
+    stop(&rt, worker).unwrap();
+
+    // Every message completed once; a handler ran again only for a claim that was lost
+    // (its attempt says so), never twice within one claim.
+    let history = history(&mut c, "chaos");
+    assert_eq!(history.len(), 600);
+    for (id, (outcome, attempt, _)) in &history {
+        assert_eq!(outcome, "completed");
+        let ran = calls.of(*id);
+        assert!(ran >= 1 && ran <= *attempt as u32, "message {id} handled {ran} times in {attempt} claims");
+    }
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1", "chaos"), 0);
+}
+
+#[test]
+fn an_unknown_queue_or_a_bad_setting_is_an_error() {
+    let server = server();
+    let rt = runtime();
+    let config = WorkerConfig::new(server.dsn("postgres"), "no_such_queue");
+    let (_stop, run) = start(&rt, config, |_| async { Ok(()) });
+    let e = rt.block_on(async { tokio::time::timeout(LIMIT, run).await }).expect("run returns").unwrap().unwrap_err();
+    assert_eq!(e.sqlstate(), Some("42704"), "{e}");
+    assert!(!e.is_transient());
+
+    let bad = [
+        WorkerConfig::new(server.dsn("postgres"), "q").concurrency(0),
+        WorkerConfig::new(server.dsn("postgres"), "q").batch(1001),
+        WorkerConfig::new(server.dsn("postgres"), "q").wait(Duration::ZERO),
+        WorkerConfig::new(server.dsn("postgres"), "q").wait(Duration::from_secs(61)),
+        WorkerConfig::new(server.dsn("postgres"), "q").lease(Duration::ZERO),
+    ];
+    for config in bad {
+        let e = rt.block_on(Worker::new(config, |_| async { Ok(()) }).run(std::future::pending())).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+    let e = rt.block_on(Worker::new(WorkerConfig::new("port=notanumber", "q"), |_| async { Ok(()) }).run(async {}));
+    assert!(matches!(e, Err(Error::Postgres(_))));
+}
