@@ -1,0 +1,411 @@
+//! pgqueue behind Debian's PgBouncer (1.18) in transaction pooling mode, with a pool smaller
+//! than the number of clients so that they really share server connections: every function
+//! of the SQL API works through it (with the simple query protocol or unnamed statements —
+//! named prepared statements do not survive transaction pooling, shown here too), the
+//! Python client's producers and workers process every message exactly once through it, and
+//! session-bound claims, which transaction pooling defeats, are harmless: never delivered
+//! twice while a lease is live, and a claim re-armed under a consumer that still works is
+//! fenced (its ack changes nothing) rather than completed twice.
+
+mod common;
+
+use common::server::Server;
+use common::{Client, wait_for};
+use postgres::Row;
+use postgres::types::{ToSql, Type};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::Duration;
+use uuid::Uuid;
+
+const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
+const LIMIT: Duration = Duration::from_secs(60);
+/// Server connections PgBouncer opens at most: fewer than the tests' clients.
+const POOL_SIZE: i64 = 4;
+/// The role PgBouncer logs into the server as (a member of pgqueue_admin, not a superuser).
+const APP_ROLE: &str = "pgq_app";
+
+/// A PgBouncer in front of `server`, killed when dropped.
+struct Bouncer {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Bouncer {
+    fn start(server: &Server) -> Bouncer {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = PathBuf::from(format!(
+            "/tmp/pgqueue-pgbouncer-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let ini = format!(
+            "[databases]
+postgres = host=127.0.0.1 port={server_port} dbname=postgres user={APP_ROLE}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {dir}/users.txt
+admin_users = admin
+pool_mode = transaction
+default_pool_size = {POOL_SIZE}
+max_client_conn = 200
+ignore_startup_parameters = extra_float_digits
+",
+            server_port = server.port,
+            dir = dir.display()
+        );
+        std::fs::write(dir.join("pgbouncer.ini"), ini).unwrap();
+        std::fs::write(dir.join("users.txt"), "\"app\" \"\"\n\"admin\" \"\"\n").unwrap();
+        let log = std::fs::File::create(dir.join("pgbouncer.log")).unwrap();
+        let mut command = Command::new(PGBOUNCER);
+        // It refuses to run as root: -u switches to the postgres user once started.
+        if unsafe { libc::geteuid() } == 0 {
+            command.args(["-u", "postgres"]);
+        }
+        let child = command
+            .arg(dir.join("pgbouncer.ini"))
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {PGBOUNCER} (scripts/setup.sh installs it): {e}"));
+        let bouncer = Bouncer { child, port, dir };
+        wait_for("PgBouncer to accept connections", LIMIT, || bouncer.try_connect("app", "postgres").ok());
+        bouncer
+    }
+
+    fn try_connect(&self, user: &str, dbname: &str) -> Result<Client, postgres::Error> {
+        postgres::Config::new().host("127.0.0.1").port(self.port).user(user).dbname(dbname).connect(postgres::NoTls)
+    }
+
+    /// A client connection through PgBouncer.
+    fn connect(&self) -> Client {
+        self.try_connect("app", "postgres").unwrap_or_else(|e| panic!("connect through PgBouncer: {e}\n{}", self.log()))
+    }
+
+    /// PgBouncer's admin console (simple query protocol only).
+    fn admin(&self) -> Client {
+        self.try_connect("admin", "pgbouncer").unwrap()
+    }
+
+    /// A libpq connection string through PgBouncer.
+    fn dsn(&self) -> String {
+        format!("host=127.0.0.1 port={} user=app dbname=postgres", self.port)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Bouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A server with pgqueue, the role PgBouncer logs in as, and PgBouncer in front.
+fn setup() -> (Server, Bouncer) {
+    let server = Server::with_pgqueue(&[]);
+    server.connect("postgres").batch_execute(&format!("CREATE ROLE {APP_ROLE} LOGIN IN ROLE pgqueue_admin")).unwrap();
+    let bouncer = Bouncer::start(&server);
+    (server, bouncer)
+}
+
+/// Server connections PgBouncer holds now.
+fn server_connections(direct: &mut Client) -> i64 {
+    direct.query_one("SELECT count(*) FROM pg_stat_activity WHERE usename = $1", &[&APP_ROLE]).unwrap().get(0)
+}
+
+/// A statement with typed parameters as one unnamed statement (parse, bind, execute, sync
+/// in one go): what works through transaction pooling besides the simple query protocol.
+fn q(c: &mut Client, sql: &str, params: &[(&(dyn ToSql + Sync), Type)]) -> Vec<Row> {
+    c.query_typed(sql, params).unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+fn q1(c: &mut Client, sql: &str, params: &[(&(dyn ToSql + Sync), Type)]) -> Row {
+    let mut rows = q(c, sql, params);
+    assert_eq!(rows.len(), 1, "{sql}: one row");
+    rows.pop().unwrap()
+}
+
+fn code(e: postgres::Error) -> String {
+    e.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no SQLSTATE: {e}"))
+}
+
+fn send(c: &mut Client, queue: &str, payload: Value) -> i64 {
+    q1(c, "SELECT pgqueue.pgq_send($1, $2)", &[(&queue, Type::TEXT), (&payload, Type::JSONB)]).get(0)
+}
+
+/// (msg_id, claim_token, attempt) of each claimed row.
+fn claim(c: &mut Client, queue: &str, qty: i32, lease: &str) -> Vec<(i64, Uuid, i32)> {
+    q(
+        c,
+        "SELECT msg_id, claim_token, attempt FROM pgqueue.pgq_claim($1, qty => $2, lease => $3::interval)",
+        &[(&queue, Type::TEXT), (&qty, Type::INT4), (&lease, Type::TEXT)],
+    )
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
+fn ack(c: &mut Client, id: i64, token: Uuid) -> bool {
+    q1(c, "SELECT pgqueue.pgq_ack($1, $2)", &[(&id, Type::INT8), (&token, Type::UUID)]).get(0)
+}
+
+#[test]
+fn every_api_function_works_through_pgbouncer() {
+    let (server, bouncer) = setup();
+    let mut direct = server.connect("postgres");
+    let mut a = bouncer.connect();
+    let mut b = bouncer.connect();
+
+    let version: String = q1(&mut a, "SELECT pgqueue.pgq_version()", &[]).get(0);
+    let want: String = direct.query_one("SELECT pgqueue.pgq_version()", &[]).unwrap().get(0);
+    assert_eq!(version, want);
+
+    // Queues: create (again with if_not_exists; without it the error comes through), pause, resume.
+    a.batch_execute(
+        "SELECT pgqueue.pgq_create_queue('jobs', lease => '30 s');
+         SELECT pgqueue.pgq_create_queue('jobs', if_not_exists => true);
+         SELECT pgqueue.pgq_create_queue('other');
+         SELECT pgqueue.pgq_create_queue('doomed', max_attempts => 1);",
+    )
+    .unwrap();
+    assert_eq!(code(a.batch_execute("SELECT pgqueue.pgq_create_queue('jobs')").unwrap_err()), "42710");
+    assert_eq!(code(b.batch_execute("SELECT pgqueue.pgq_claim('nope')").unwrap_err()), "42704");
+    b.batch_execute("SELECT pgqueue.pgq_pause_queue('jobs')").unwrap();
+    let m1 = send(&mut a, "jobs", json!({"n": 1}));
+    assert!(claim(&mut b, "jobs", 10, "1 minute").is_empty(), "a paused queue's claims return nothing");
+    b.batch_execute("SELECT pgqueue.pgq_resume_queue('jobs')").unwrap();
+    let got = q(
+        &mut b,
+        "SELECT msg_id, claim_token, payload FROM pgqueue.pgq_claim($1, qty => 10)",
+        &[(&"jobs", Type::TEXT)],
+    );
+    assert_eq!(got.len(), 1);
+    let (id, token, payload): (i64, Uuid, Value) = (got[0].get(0), got[0].get(1), got[0].get(2));
+    assert_eq!((id, payload), (m1, json!({"n": 1})));
+    assert!(ack(&mut a, id, token), "acked by another client than the one that claimed");
+    assert!(!ack(&mut b, id, token), "a second ack changes nothing");
+
+    // send with every argument, send_batch; a send rolled back is never seen, a committed one is.
+    let m2: i64 = q1(
+        &mut a,
+        "SELECT pgqueue.pgq_send($1, $2, delay => $3::interval, priority => $4, headers => $5, dedup_key => $6,
+                                 dedup_for => $7::interval)",
+        &[
+            (&"other", Type::TEXT),
+            (&json!({"late": true}), Type::JSONB),
+            (&"1 hour", Type::TEXT),
+            (&3i16, Type::INT2),
+            (&json!({"h": 1}), Type::JSONB),
+            (&"key-1", Type::TEXT),
+            (&"1 hour", Type::TEXT),
+        ],
+    )
+    .get(0);
+    let ids: Vec<i64> = q(
+        &mut a,
+        "SELECT * FROM pgqueue.pgq_send_batch($1, $2)",
+        &[(&"jobs", Type::TEXT), (&vec![json!({"b": 1}), json!({"b": 2}), json!({"b": 3})], Type::JSONB_ARRAY)],
+    )
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    assert_eq!(ids.len(), 3);
+    let mut tx = a.transaction().unwrap();
+    let rolled_back: i64 = tx.query_typed_one("SELECT pgqueue.pgq_send('jobs', '{}')", &[]).unwrap().get(0);
+    tx.rollback().unwrap();
+    let mut tx = a.transaction().unwrap();
+    let committed: i64 = tx.query_typed_one("SELECT pgqueue.pgq_send('jobs', '{}')", &[]).unwrap().get(0);
+    tx.commit().unwrap();
+    let states: Vec<(i64, String)> = direct
+        .query("SELECT msg_id, state::text FROM pgqueue.messages ORDER BY msg_id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut want: Vec<(i64, String)> = vec![(m2, "delayed".into()), (committed, "ready".into())];
+    want.extend(ids.iter().map(|&id| (id, "ready".to_string())));
+    want.sort();
+    assert_eq!(states, want, "the rolled-back send {rolled_back} is not there");
+
+    // claim, renew (single and batch), ack (batch), nack, fail, redrive.
+    let held = claim(&mut b, "jobs", 3, "1 minute");
+    assert_eq!(held.iter().map(|h| h.0).collect::<Vec<_>>(), ids, "FIFO");
+    let (ids, tokens): (Vec<i64>, Vec<Uuid>) = held.iter().map(|h| (h.0, h.1)).unzip();
+    let renewed: bool = q1(
+        &mut a,
+        "SELECT pgqueue.pgq_renew($1, $2, lease => $3::interval)",
+        &[(&ids[0], Type::INT8), (&tokens[0], Type::UUID), (&"2 minutes", Type::TEXT)],
+    )
+    .get(0);
+    assert!(renewed);
+    let renewed: Vec<i64> =
+        q(&mut a, "SELECT * FROM pgqueue.pgq_renew($1, $2)", &[(&ids, Type::INT8_ARRAY), (&tokens, Type::UUID_ARRAY)])
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+    assert_eq!(renewed, ids);
+    let acked: Vec<i64> = q(
+        &mut b,
+        "SELECT * FROM pgqueue.pgq_ack($1, $2)",
+        &[(&ids[1..].to_vec(), Type::INT8_ARRAY), (&tokens[1..].to_vec(), Type::UUID_ARRAY)],
+    )
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    assert_eq!(acked, ids[1..]);
+    let nacked: bool = q1(
+        &mut a,
+        "SELECT pgqueue.pgq_nack($1, $2, retry_in => $3::interval, error => $4)",
+        &[(&ids[0], Type::INT8), (&tokens[0], Type::UUID), (&"0", Type::TEXT), (&"boom", Type::TEXT)],
+    )
+    .get(0);
+    assert!(nacked);
+    let again = claim(&mut b, "jobs", 1, "1 minute");
+    assert_eq!((again[0].0, again[0].2), (ids[0], 2), "the nacked message, second attempt");
+    let failed: bool = q1(
+        &mut a,
+        "SELECT pgqueue.pgq_fail($1, $2, error => $3)",
+        &[(&again[0].0, Type::INT8), (&again[0].1, Type::UUID), (&"fatal", Type::TEXT)],
+    )
+    .get(0);
+    assert!(failed);
+    let redriven: i64 = q1(&mut b, "SELECT pgqueue.pgq_redrive($1)", &[(&"jobs", Type::TEXT)]).get(0);
+    assert_eq!(redriven, 1);
+
+    // ack_claim: a first round, then ack + claim in one call, and a stale ack reported.
+    let rows = q(
+        &mut a,
+        "SELECT kind, msg_id, claim_token FROM pgqueue.pgq_ack_claim($1, '{}', '{}', qty => 1)",
+        &[(&"jobs", Type::TEXT)],
+    );
+    let (kind, first, first_token): (String, i64, Uuid) = (rows[0].get(0), rows[0].get(1), rows[0].get(2));
+    assert_eq!((kind.as_str(), first), ("claimed", ids[0]), "the redriven message comes first");
+    let rows = q(
+        &mut b,
+        "SELECT kind, msg_id FROM pgqueue.pgq_ack_claim($1, $2, $3, qty => 1)",
+        &[
+            (&"jobs", Type::TEXT),
+            (&vec![first, ids[1]], Type::INT8_ARRAY),
+            (&vec![first_token, tokens[1]], Type::UUID_ARRAY),
+        ],
+    );
+    let rows: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(rows, vec![("not_acked".to_string(), ids[1]), ("claimed".to_string(), committed)]);
+
+    // rearm: a claim whose lease ended is claimable again (re-armed by this call, or by the
+    // worker first: either way the call succeeds and the message comes back).
+    let m3 = send(&mut a, "jobs", json!({"short": 1}));
+    assert_eq!(claim(&mut a, "jobs", 1, "1 millisecond").len(), 1);
+    thread::sleep(Duration::from_millis(20));
+    let row = q1(&mut b, "SELECT * FROM pgqueue.pgq_rearm(queue => $1)", &[(&"jobs", Type::TEXT)]);
+    let (rearmed, dead): (i64, i64) = (row.get(0), row.get(1));
+    assert!(rearmed <= 1 && dead == 0, "{rearmed} {dead}");
+    let back = claim(&mut b, "jobs", 1, "1 minute");
+    assert_eq!((back[0].0, back[0].2), (m3, 2), "re-armed, second attempt");
+    assert!(ack(&mut a, back[0].0, back[0].1));
+
+    // prune, tick, schedules, cron_next.
+    let outcomes: Vec<String> = q(&mut a, "SELECT outcome FROM pgqueue.pgq_prune($1)", &[(&"jobs", Type::TEXT)])
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(!outcomes.is_empty() && outcomes.iter().all(|o| o == "noop"), "{outcomes:?}");
+    assert!(q(&mut b, "SELECT * FROM pgqueue.pgq_tick()", &[]).is_empty(), "no step of the tick failed");
+    let next: std::time::SystemTime = q1(
+        &mut a,
+        "SELECT pgqueue.pgq_schedule($1, $2, $3, payload => $4)",
+        &[(&"report", Type::TEXT), (&"jobs", Type::TEXT), (&"0 3 * * *", Type::TEXT), (&json!({"r": 1}), Type::JSONB)],
+    )
+    .get(0);
+    assert!(next > std::time::SystemTime::now());
+    b.batch_execute(
+        "SELECT pgqueue.pgq_pause_schedule('report');
+         SELECT pgqueue.pgq_resume_schedule('report');
+         SELECT pgqueue.pgq_unschedule('report');
+         SELECT pgqueue.pgq_unschedule('report', if_exists => true);",
+    )
+    .unwrap();
+    let times = q(&mut a, "SELECT * FROM pgqueue.pgq_cron_next('*/5 * * * *', count => 3)", &[]);
+    assert_eq!(times.len(), 3);
+
+    // The views.
+    for view in ["queue_stats", "worker_stats", "queue_depth", "schedule_stats", "shared_state"] {
+        let rows = a.simple_query(&format!("SELECT * FROM pgqueue.{view}")).unwrap();
+        assert!(!rows.is_empty(), "{view} through PgBouncer");
+    }
+    let ready: i64 =
+        q1(&mut b, "SELECT ready FROM pgqueue.queue_stats WHERE queue = $1", &[(&"jobs", Type::TEXT)]).get(0);
+    assert_eq!(ready, 0);
+
+    // A waiting claim is woken by a send from another client (it holds a server connection
+    // while it waits: a pool must have room for the waiting consumers).
+    let waiter = {
+        let mut w = bouncer.connect();
+        thread::spawn(move || {
+            q(&mut w, "SELECT msg_id FROM pgqueue.pgq_claim($1, wait => '50 s')", &[(&"other", Type::TEXT)])
+                .iter()
+                .map(|r| r.get::<_, i64>(0))
+                .collect::<Vec<_>>()
+        })
+    };
+    wait_for("the claim to wait", LIMIT, || {
+        let n: i64 = direct
+            .query_one("SELECT waiting_claims FROM pgqueue.queue_depth WHERE queue = 'other'", &[])
+            .unwrap()
+            .get(0);
+        (n == 1).then_some(())
+    });
+    let woken = send(&mut b, "other", json!({"wake": 1}));
+    assert_eq!(waiter.join().unwrap(), vec![woken]);
+
+    // drop_queue: refused while a message is claimed, then forced.
+    let held = claim(&mut a, "other", 1, "1 minute");
+    assert_eq!(held.len(), 0, "only the delayed message is left");
+    send(&mut a, "doomed", json!({}));
+    assert_eq!(claim(&mut a, "doomed", 1, "1 minute").len(), 1);
+    assert_eq!(code(b.batch_execute("SELECT pgqueue.pgq_drop_queue('doomed')").unwrap_err()), "55006");
+    b.batch_execute("SELECT pgqueue.pgq_drop_queue('doomed', force => true)").unwrap();
+    let left: i64 = direct.query_one("SELECT count(*) FROM pgqueue.queues WHERE queue = 'doomed'", &[]).unwrap().get(0);
+    assert_eq!(left, 0);
+
+    // All of it over at most POOL_SIZE server connections (three clients, one of them waiting).
+    let used = server_connections(&mut direct);
+    assert!((1..=POOL_SIZE).contains(&used), "{used} server connections");
+}
+
+/// Why the calls above avoid named prepared statements: in transaction mode a statement
+/// prepared on one server connection is missing on the next one a client gets.
+#[test]
+fn named_prepared_statements_do_not_survive_transaction_pooling() {
+    let (_server, bouncer) = setup();
+    let mut a = bouncer.connect();
+    let mut b = bouncer.connect();
+    // Prepared on the pool's only server connection, which is idle again afterwards...
+    let version = a.prepare("SELECT pgqueue.pgq_version()").unwrap();
+    // ...and taken by another client's transaction: the next execution gets a new one.
+    let mut tx = b.transaction().unwrap();
+    tx.batch_execute("SELECT 1").unwrap();
+    let err = a.query(&version, &[]).unwrap_err();
+    assert_eq!(code(err), "26000", "prepared statement does not exist");
+    tx.commit().unwrap();
+    // The same call as an unnamed statement or a simple query works.
+    assert_eq!(a.query_typed("SELECT pgqueue.pgq_version()", &[]).unwrap().len(), 1);
+    let rows = a.simple_query("SELECT pgqueue.pgq_version()").unwrap();
+    assert_eq!(rows.iter().filter(|m| matches!(m, postgres::SimpleQueryMessage::Row(_))).count(), 1);
+}
