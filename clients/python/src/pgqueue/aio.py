@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from .messages import Message, Seconds, backoff, error_text
+from .messages import Message, Seconds, backoff, error_text, short
 from .producer import send_batch_query, send_query
 from .worker import Held, Settings, fenced_false, log, wait_unsupported
 
@@ -292,13 +292,13 @@ class AsyncWorker:
                 return
             self._failures += 1
             pause = backoff(self._failures, s.max_backoff)
-            log.warning("claim on queue %r failed (%s); again in %.1f s", s.queue, str(exc).strip(), pause)
+            log.warning("claim on queue %r failed (%s); again in %.1f s", s.queue, short(exc), pause)
             await asyncio.sleep(pause)
             return
         except psycopg.Error as exc:
             if self._wait > 0 and wait_unsupported(exc):
                 log.warning("the server cannot wait for messages here (%s): polling every %.1f s instead",
-                            str(exc).strip(), s.poll_interval)
+                            short(exc), s.poll_interval)
                 self._wait = 0
                 return
             raise
@@ -354,12 +354,12 @@ class AsyncWorker:
             except psycopg.OperationalError as exc:
                 if self._done.is_set():
                     log.error("could not %s message %d before the worker ended (%s); its lease will run out",
-                              outcome, held.message.msg_id, str(exc).strip())
+                              outcome, held.message.msg_id, short(exc))
                     return
                 failures += 1
                 pause = backoff(failures, self.settings.max_backoff)
                 log.warning("%s of message %d failed (%s); again in %.1f s",
-                            outcome, held.message.msg_id, str(exc).strip(), pause)
+                            outcome, held.message.msg_id, short(exc), pause)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._done.wait(), pause)
                 continue
@@ -385,7 +385,7 @@ class AsyncWorker:
         try:
             rows = await self._link.fetch(*self.settings.renew_query(due))
         except psycopg.OperationalError as exc:
-            log.warning("renewing %d leases failed (%s); trying again", len(due), str(exc).strip())
+            log.warning("renewing %d leases failed (%s); trying again", len(due), short(exc))
             await asyncio.sleep(backoff(1, self.settings.max_backoff))
             return
         except psycopg.Error as exc:
@@ -433,7 +433,7 @@ class AsyncWorker:
             try:
                 rows = await self._link.fetch(*self.settings.finish_query(held, "give_back", None))
             except psycopg.OperationalError as exc:
-                log.warning("giving back message %d failed (%s)", held.message.msg_id, str(exc).strip())
+                log.warning("giving back message %d failed (%s)", held.message.msg_id, short(exc))
                 await asyncio.sleep(backoff(attempt, 2))
                 continue
             except psycopg.Error as exc:

@@ -52,6 +52,12 @@ def error_text(exc: BaseException) -> str:
     return f"{name}: {text}" if text else name
 
 
+def short(exc: BaseException) -> str:
+    """An error's first line (a server error's CONTEXT lines are noise in a log line)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def backoff(failures: int, cap: float) -> float:
     """Seconds to wait after `failures` consecutive failures: doubling from 0.1 s, capped,
     with jitter so that a fleet of workers does not reconnect in step."""

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from .messages import Message, Seconds, backoff, error_text, interval, seconds
+from .messages import Message, Seconds, backoff, error_text, interval, seconds, short
 
 log = logging.getLogger("pgqueue")
 
@@ -377,13 +377,13 @@ class Worker:
                     break
                 failures += 1
                 pause = backoff(failures, s.max_backoff)
-                log.warning("claim on queue %r failed (%s); again in %.1f s", s.queue, str(exc).strip(), pause)
+                log.warning("claim on queue %r failed (%s); again in %.1f s", s.queue, short(exc), pause)
                 self._stopping.wait(pause)
                 continue
             except psycopg.Error as exc:
                 if wait > 0 and wait_unsupported(exc):
                     log.warning("the server cannot wait for messages here (%s): polling every %.1f s instead",
-                                str(exc).strip(), s.poll_interval)
+                                short(exc), s.poll_interval)
                     wait = 0
                     continue
                 raise
@@ -454,12 +454,12 @@ class Worker:
             except psycopg.OperationalError as exc:
                 if self._done.is_set():
                     log.error("could not %s message %d before the worker ended (%s); its lease will run out",
-                              outcome, held.message.msg_id, str(exc).strip())
+                              outcome, held.message.msg_id, short(exc))
                     return
                 failures += 1
                 pause = backoff(failures, self.settings.max_backoff)
                 log.warning("%s of message %d failed (%s); again in %.1f s",
-                            outcome, held.message.msg_id, str(exc).strip(), pause)
+                            outcome, held.message.msg_id, short(exc), pause)
                 self._done.wait(pause)
                 continue
             except psycopg.Error as exc:
@@ -484,7 +484,7 @@ class Worker:
         try:
             rows = self._link.fetch(*self.settings.renew_query(due))
         except psycopg.OperationalError as exc:
-            log.warning("renewing %d leases failed (%s); trying again", len(due), str(exc).strip())
+            log.warning("renewing %d leases failed (%s); trying again", len(due), short(exc))
             time.sleep(backoff(1, self.settings.max_backoff))
             return
         except psycopg.Error as exc:
@@ -529,7 +529,7 @@ class Worker:
             try:
                 rows = self._link.fetch(*self.settings.finish_query(held, "give_back", None))
             except psycopg.OperationalError as exc:
-                log.warning("giving back message %d failed (%s)", held.message.msg_id, str(exc).strip())
+                log.warning("giving back message %d failed (%s)", held.message.msg_id, short(exc))
                 time.sleep(backoff(attempt, 2))
                 continue
             except psycopg.Error as exc:
