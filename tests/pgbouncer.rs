@@ -409,3 +409,84 @@ fn named_prepared_statements_do_not_survive_transaction_pooling() {
     let rows = a.simple_query("SELECT pgqueue.pgq_version()").unwrap();
     assert_eq!(rows.iter().filter(|m| matches!(m, postgres::SimpleQueryMessage::Row(_))).count(), 1);
 }
+
+/// `session_bound => true` ties a claim to the server backend, which behind transaction
+/// pooling is not the consumer's: the server cannot tell, so it cannot refuse it, but the
+/// misuse is harmless. A consumer that disconnects leaves its backend in the pool: the claim
+/// comes back at the end of its lease, as a plain claim would, never before. A backend that
+/// PgBouncer closes while its client still works re-arms that client's claim: another
+/// consumer gets the message, and the first one's renew and ack are fenced (they change
+/// nothing and say so): the message is completed once.
+#[test]
+fn session_bound_claims_through_pgbouncer_are_harmless() {
+    let (server, bouncer) = setup();
+    let mut direct = server.connect("postgres");
+    let mut producer = bouncer.connect();
+    producer.batch_execute("SELECT pgqueue.pgq_create_queue('sb')").unwrap();
+    let alive = |direct: &mut Client, pid: i32| -> bool {
+        let n: i64 = direct.query_one("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", &[&pid]).unwrap().get(0);
+        n == 1
+    };
+    let session_claim = |c: &mut Client, lease: &str| -> (i64, Uuid, std::time::SystemTime, i32) {
+        let row = q1(
+            c,
+            "SELECT msg_id, claim_token, lease_expires_at, pg_backend_pid()
+               FROM pgqueue.pgq_claim('sb', lease => $1::interval, session_bound => true)",
+            &[(&lease, Type::TEXT)],
+        );
+        (row.get(0), row.get(1), row.get(2), row.get(3))
+    };
+
+    // The consumer disconnects; the backend it claimed through lives on in the pool.
+    let m1 = send(&mut producer, "sb", json!({"n": 1}));
+    let mut a = bouncer.connect();
+    let (id, _, lease_end, backend) = session_claim(&mut a, "5 s");
+    assert_eq!(id, m1);
+    drop(a);
+    let mut b = bouncer.connect();
+    let (attempt, claimed_at) = wait_for("the message to come back", LIMIT, || {
+        let rows = q(&mut b, "SELECT attempt, now() FROM pgqueue.pgq_claim('sb', lease => '1 minute')", &[]);
+        rows.first().map(|r| (r.get::<_, i32>(0), r.get::<_, std::time::SystemTime>(1)))
+    });
+    assert_eq!(attempt, 2);
+    assert!(claimed_at >= lease_end, "not delivered again while the first lease was live");
+    assert!(alive(&mut direct, backend), "the backend of the session-bound claim is still in the pool");
+    let orphans: i64 = direct.query_one("SELECT orphans_expired FROM pgqueue.worker_stats", &[]).unwrap().get(0);
+    assert_eq!(orphans, 0, "it came back by its lease, not as an orphan");
+    drop(b);
+
+    // PgBouncer closes the server connections while the consumer still works on its claim.
+    let m2 = send(&mut producer, "sb", json!({"n": 2}));
+    let mut c = bouncer.connect();
+    let (id, c_token, _, backend) = session_claim(&mut c, "10 minutes");
+    assert_eq!(id, m2);
+    bouncer.admin().simple_query("RECONNECT postgres").unwrap();
+    wait_for("PgBouncer to close the backend", LIMIT, || (!alive(&mut direct, backend)).then_some(()));
+    // The worker sees the backend gone and re-arms the claim: another consumer gets it.
+    let mut d = bouncer.connect();
+    let (d_id, d_token, d_attempt) =
+        wait_for("the orphaned claim to be re-armed", LIMIT, || claim(&mut d, "sb", 1, "1 minute").pop());
+    assert_eq!((d_id, d_attempt), (m2, 2));
+    // The first consumer's connection still works, and its claim is fenced.
+    let renewed: bool =
+        q1(&mut c, "SELECT pgqueue.pgq_renew($1, $2)", &[(&m2, Type::INT8), (&c_token, Type::UUID)]).get(0);
+    assert!(!renewed, "the first consumer learns it lost the claim");
+    let rows = q(
+        &mut c,
+        "SELECT kind, msg_id FROM pgqueue.pgq_ack_claim('sb', $1, $2)",
+        &[(&vec![m2], Type::INT8_ARRAY), (&vec![c_token], Type::UUID_ARRAY)],
+    );
+    let rows: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(rows, vec![("not_acked".to_string(), m2)], "its ack completed nothing");
+    assert!(!ack(&mut c, m2, c_token));
+    assert!(ack(&mut d, m2, d_token), "the second consumer completes it");
+    let history: Vec<(i64, String)> = direct
+        .query("SELECT msg_id, outcome::text FROM pgqueue.history ORDER BY msg_id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(history, vec![(m2, "completed".to_string())], "completed once (m1 is still claimed by b's lease)");
+    let orphans: i64 = direct.query_one("SELECT orphans_expired FROM pgqueue.worker_stats", &[]).unwrap().get(0);
+    assert_eq!(orphans, 1);
+}
