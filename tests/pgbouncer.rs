@@ -490,3 +490,104 @@ fn session_bound_claims_through_pgbouncer_are_harmless() {
     let orphans: i64 = direct.query_one("SELECT orphans_expired FROM pgqueue.worker_stats", &[]).unwrap().get(0);
     assert_eq!(orphans, 1);
 }
+
+/// Producers (a `Producer` each, plus `send` inside the caller's transaction) and workers of
+/// the Python client, all through PgBouncer: more clients than server connections.
+const PYTHON_SCRIPT: &str = r#"
+import collections, json, sys, threading, time
+import psycopg, pgqueue
+
+dsn, queue = sys.argv[1], sys.argv[2]
+producers, per_producer, workers = (int(a) for a in sys.argv[3:6])
+total = producers * per_producer
+runs = collections.Counter()
+lock = threading.Lock()
+
+def handle(msg):
+    with lock:
+        runs[(msg.payload["p"], msg.payload["i"])] += 1
+
+# Waiting claims hold a server connection while they wait: short waits leave room in the pool.
+pool = [pgqueue.Worker(dsn, queue, handle, concurrency=2, batch=5, wait=1, grace=5,
+                       prepare_threshold=None, application_name=f"worker-{n}") for n in range(workers)]
+threads = [threading.Thread(target=w.run, kwargs={"handle_signals": False}) for w in pool]
+for t in threads:
+    t.start()
+
+def produce(p):
+    with pgqueue.Producer(dsn, prepare_threshold=None) as producer:
+        i = 0
+        while i < per_producer:
+            if i % 3 == 0:
+                producer.send(queue, {"p": p, "i": i})
+                i += 1
+            elif i % 3 == 1:
+                batch = [{"p": p, "i": j} for j in range(i, min(i + 5, per_producer))]
+                producer.send_batch(queue, batch)
+                i += len(batch)
+            else:
+                # Inside the caller's transaction, rolled back once first: never seen.
+                with psycopg.connect(dsn, prepare_threshold=None) as conn:
+                    with conn.transaction(force_rollback=True):
+                        pgqueue.send(conn, queue, {"p": p, "i": -1})
+                    with conn.transaction():
+                        pgqueue.send(conn, queue, {"p": p, "i": i})
+                i += 1
+
+sending = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
+for t in sending:
+    t.start()
+for t in sending:
+    t.join()
+deadline = time.monotonic() + 120
+while sum(runs.values()) < total and time.monotonic() < deadline:
+    time.sleep(0.1)
+for w in pool:
+    w.stop()
+for t in threads:
+    t.join(60)
+print(json.dumps({"runs": sum(runs.values()), "distinct": len(runs),
+                  "rolled_back_seen": sum(n for (p, i), n in runs.items() if i < 0),
+                  "alive": sum(t.is_alive() for t in threads)}))
+"#;
+
+#[test]
+fn python_producers_and_workers_through_pgbouncer() {
+    let (server, bouncer) = setup();
+    let mut direct = server.connect("postgres");
+    direct.batch_execute("SELECT pgqueue.pgq_create_queue('py')").unwrap();
+    let (producers, per_producer, workers) = (4, 150, 3);
+    let venv = std::env::var("PGQUEUE_VENV").unwrap_or_else(|_| "/var/cache/pgqueue/venv".into());
+    let python = PathBuf::from(&venv).join("bin/python");
+    assert!(python.exists(), "{python:?} missing: scripts/setup.sh creates the Python environment");
+    let out = Command::new(&python)
+        .env("PYTHONPATH", PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python/src"))
+        .args(["-c", PYTHON_SCRIPT, &bouncer.dsn(), "py"])
+        .args([producers, per_producer, workers].map(|n| n.to_string()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the Python script failed:\n{stdout}\n{stderr}\n{}", bouncer.log());
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    let total = producers * per_producer;
+    assert_eq!(
+        report,
+        json!({"runs": total, "distinct": total, "rolled_back_seen": 0, "alive": 0}),
+        "each message handled once, the workers stopped\n{stderr}"
+    );
+    // Counted on the server itself: every message completed once, nothing left or dead.
+    let row = direct
+        .query_one(
+            "SELECT count(*) FILTER (WHERE outcome = 'completed'), count(*) FILTER (WHERE outcome = 'dead'),
+                    count(DISTINCT (payload->>'p', payload->>'i')), count(*) FILTER (WHERE (payload->>'i')::int < 0),
+                    (SELECT count(*) FROM pgqueue.messages WHERE queue = 'py')
+               FROM pgqueue.history WHERE queue = 'py'",
+            &[],
+        )
+        .unwrap();
+    let counts: (i64, i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    assert_eq!(counts, (total, 0, total, 0, 0), "(completed, dead, distinct payloads, rolled back, left)");
+    let used = server_connections(&mut direct);
+    assert!(used <= POOL_SIZE, "{used} server connections for {} clients", producers + 2 * workers);
+}
