@@ -23,7 +23,15 @@ use tokio::task::JoinHandle;
 const LIMIT: Duration = Duration::from_secs(120);
 
 fn server() -> Server {
-    Server::with_pgqueue(&["pgqueue.tick_interval = '200ms'"])
+    Server::with_pgqueue(&["pgqueue.tick_interval = '200ms'", "pgqueue.launcher_naptime = '200ms'"])
+}
+
+/// Waits until the background worker ticks in database postgres (it re-arms expired claims).
+fn until_ticking(c: &mut Client) {
+    wait_for("the background worker's first tick", LIMIT, || {
+        let ticks: i64 = c.query_one("SELECT ticks FROM pgqueue.worker_stats", &[]).unwrap().get(0);
+        (ticks > 0).then_some(())
+    });
 }
 
 fn runtime() -> Runtime {
@@ -285,6 +293,7 @@ fn renewals_keep_a_long_job_past_its_lease() {
     let rt = runtime();
     let mut c = server.connect("postgres");
     c.batch_execute("SELECT pgqueue.pgq_create_queue('long', lease => '2 s')").unwrap();
+    until_ticking(&mut c);
     let calls = Calls::default();
     let recorded = calls.clone();
     // The queue's lease (the worker is not told it); free slots to take the job again if
