@@ -15,7 +15,7 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 debs=(sudo bison flex libclang-dev clang pkg-config make gcc libreadline-dev zlib1g-dev
       libssl-dev libicu-dev ca-certificates curl bzip2 fonts-dejavu-core postgresql-15 postgresql-server-dev-15
       # clients, examples and what they are tested with (clients/, examples/, monitoring/)
-      python3 python3-venv golang-go golang-github-lib-pq-dev pgbouncer prometheus-postgres-exporter)
+      python3 python3-venv golang-go golang-github-lib-pq-dev pgbouncer prometheus-postgres-exporter prometheus)
 missing=()
 for p in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -30,7 +30,7 @@ if ((${#missing[@]})); then
         pg_ctlcluster 15 main stop 2>/dev/null || true
     fi
     # Likewise the services of the packages the tests start on ports of their own.
-    for service in pgbouncer prometheus-postgres-exporter; do
+    for service in pgbouncer prometheus-postgres-exporter prometheus; do
         service "$service" stop >/dev/null 2>&1 || true
     done
 fi

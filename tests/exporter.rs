@@ -359,6 +359,44 @@ fn exporter_serves_the_queries_of_monitoring() {
     let served: BTreeSet<&str> = samples.iter().map(|s| s.name.as_str()).collect();
     check_names("monitoring/grafana-dashboard.json", &dashboard_exprs(), &served);
     check_names("monitoring/alerts.yml", &[read("monitoring/alerts.yml")], &served);
+    check_names("monitoring/alerts.test.yml", &[read("monitoring/alerts.test.yml")], &served);
+}
+
+/// The alert rules and the dashboard's queries are valid PromQL, and each alert fires on the
+/// series of its trouble and not on a healthy server (monitoring/alerts.test.yml), by
+/// Debian's promtool.
+#[test]
+fn promtool_checks_the_rules_and_the_dashboard() {
+    let dir = repo().join("monitoring");
+    promtool(&["check", "rules", "alerts.yml"], &dir);
+    promtool(&["test", "rules", "alerts.test.yml"], &dir);
+    // The dashboard's expressions as recording rules, its variables replaced by `.*`.
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, expr) in dashboard_exprs().iter().enumerate() {
+        let expr = expr.replace("$datname", ".*").replace("$queue", ".*");
+        if expr.starts_with("label_values(") {
+            continue; // Grafana's function, not PromQL (its metric is checked in the other test)
+        }
+        rules.push_str(&format!("      - record: dashboard:expr_{i}\n        expr: {}\n", serde_json::json!(expr)));
+    }
+    let file = std::env::temp_dir().join(format!("pgqueue-dashboard-rules-{}.yml", std::process::id()));
+    std::fs::write(&file, rules).unwrap();
+    promtool(&["check", "rules", file.to_str().unwrap()], &dir);
+    std::fs::remove_file(&file).unwrap();
+}
+
+fn promtool(args: &[&str], dir: &std::path::Path) {
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("promtool (Debian package prometheus, scripts/setup.sh installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "promtool {args:?}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn read(path: &str) -> String {
