@@ -72,9 +72,7 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = 60) -> T
 
 
 def outcomes(db: psycopg.Connection[Any], queue: str) -> dict[str, int]:
-    rows = db.execute(
-        "SELECT outcome, count(*) FROM pgqueue.history WHERE queue = %s GROUP BY 1", [queue]
-    ).fetchall()
+    rows = db.execute("SELECT outcome, count(*) FROM pgqueue.history WHERE queue = %s GROUP BY 1", [queue]).fetchall()
     return {outcome: n for outcome, n in rows}
 
 
@@ -86,9 +84,7 @@ def waiting(db: psycopg.Connection[Any], queue: str) -> int:
 
 
 def history_row(db: psycopg.Connection[Any], msg_id: int) -> tuple[Any, ...] | None:
-    return db.execute(
-        "SELECT outcome, attempt, last_error FROM pgqueue.history WHERE msg_id = %s", [msg_id]
-    ).fetchone()
+    return db.execute("SELECT outcome, attempt, last_error FROM pgqueue.history WHERE msg_id = %s", [msg_id]).fetchone()
 
 
 @contextlib.contextmanager
@@ -127,8 +123,6 @@ def terminate(db: psycopg.Connection[Any], application_name: str) -> int:
 
 
 def connections(db: psycopg.Connection[Any], application_name: str) -> int:
-    row = db.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [application_name]
-    ).fetchone()
+    row = db.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [application_name]).fetchone()
     assert row is not None
     return int(row[0])

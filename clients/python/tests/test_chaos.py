@@ -95,7 +95,8 @@ def test_chaos(dsn: str, tmp_path: Path) -> None:
         query(dsn, "SELECT msg_id, attempt FROM pgqueue.history WHERE queue = %s AND outcome = 'completed'", [queue])
     )
     (rows, dead) = query(
-        dsn, "SELECT count(*), count(*) FILTER (WHERE outcome <> 'completed') FROM pgqueue.history WHERE queue = %s",
+        dsn,
+        "SELECT count(*), count(*) FILTER (WHERE outcome <> 'completed') FROM pgqueue.history WHERE queue = %s",
         [queue],
     )[0]
     assert rows == JOBS and dead == 0, f"{rows} rows in history ({dead} not completed) for {JOBS} jobs"

@@ -77,7 +77,7 @@ def test_async_send_joins_the_callers_transaction(dsn, db, make_queue):
         return ids
 
     ids = asyncio.run(main())
-    assert [(r[0], r[3]) for r in rows(db, q)] == [(i, {"n": n}) for i, n in zip(ids, range(1, 6))]
+    assert [(r[0], r[3]) for r in rows(db, q)] == [(i, {"n": n}) for i, n in zip(ids, range(1, 6), strict=True)]
 
 
 def test_bad_arguments_raise_clear_errors(dsn, db, make_queue):

@@ -223,8 +223,12 @@ def test_sigterm_stops_a_worker_process_gracefully(dsn, db, make_queue):
     )
     try:
         # The handler has started when the message is claimed.
-        wait_for("the claim", lambda: db.execute(
-            "SELECT 1 FROM pgqueue.messages WHERE msg_id = %s AND state = 'claimed'", [mid]).fetchone())
+        wait_for(
+            "the claim",
+            lambda: db.execute(
+                "SELECT 1 FROM pgqueue.messages WHERE msg_id = %s AND state = 'claimed'", [mid]
+            ).fetchone(),
+        )
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -298,8 +302,12 @@ def test_async_renewal_holds_a_message_past_its_lease(dsn, db, make_queue):
         await asyncio.sleep(5)
 
     async def second_consumer_gets_nothing() -> None:
-        await apoll("the claim", lambda: db.execute(
-            "SELECT 1 FROM pgqueue.messages WHERE msg_id = %s AND state = 'claimed'", [mid]).fetchone())
+        await apoll(
+            "the claim",
+            lambda: db.execute(
+                "SELECT 1 FROM pgqueue.messages WHERE msg_id = %s AND state = 'claimed'", [mid]
+            ).fetchone(),
+        )
         while history_row(db, mid) is None:
             assert claim_raw(db, q) is None, "the message was re-armed while its handler ran"
             await asyncio.sleep(0.1)

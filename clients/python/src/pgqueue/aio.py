@@ -236,7 +236,7 @@ class AsyncWorker:
         self._changed = asyncio.Condition()
         self._stopping, self._hurry, self._done = asyncio.Event(), asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
-        signals: list[int] = []
+        signals: list[signal.Signals] = []
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
@@ -297,8 +297,11 @@ class AsyncWorker:
             return
         except psycopg.Error as exc:
             if self._wait > 0 and wait_unsupported(exc):
-                log.warning("the server cannot wait for messages here (%s): polling every %.1f s instead",
-                            short(exc), s.poll_interval)
+                log.warning(
+                    "the server cannot wait for messages here (%s): polling every %.1f s instead",
+                    short(exc),
+                    s.poll_interval,
+                )
                 self._wait = 0
                 return
             raise
@@ -353,13 +356,18 @@ class AsyncWorker:
                 rows = await self._link.fetch(*self.settings.finish_query(held, outcome, error))
             except psycopg.OperationalError as exc:
                 if self._done.is_set():
-                    log.error("could not %s message %d before the worker ended (%s); its lease will run out",
-                              outcome, held.message.msg_id, short(exc))
+                    log.error(
+                        "could not %s message %d before the worker ended (%s); its lease will run out",
+                        outcome,
+                        held.message.msg_id,
+                        short(exc),
+                    )
                     return
                 failures += 1
                 pause = backoff(failures, self.settings.max_backoff)
-                log.warning("%s of message %d failed (%s); again in %.1f s",
-                            outcome, held.message.msg_id, short(exc), pause)
+                log.warning(
+                    "%s of message %d failed (%s); again in %.1f s", outcome, held.message.msg_id, short(exc), pause
+                )
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._done.wait(), pause)
                 continue

@@ -61,5 +61,5 @@ def short(exc: BaseException) -> str:
 def backoff(failures: int, cap: float) -> float:
     """Seconds to wait after `failures` consecutive failures: doubling from 0.1 s, capped,
     with jitter so that a fleet of workers does not reconnect in step."""
-    base = min(cap, 0.1 * 2 ** min(failures, 20))
+    base: float = min(cap, 0.1 * 2.0 ** min(failures, 20))
     return base * random.uniform(0.5, 1.0)

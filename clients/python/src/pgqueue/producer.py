@@ -160,7 +160,8 @@ def _common(
         raise TypeError(f"priority must be an int, not {type(priority).__name__}")
     if headers is not None and not isinstance(headers, Mapping):
         raise TypeError(f"headers must be a mapping (a JSON object), not {type(headers).__name__}")
-    args, params = ["priority => %s::smallint"], [priority]
+    args: list[str] = ["priority => %s::smallint"]
+    params: list[Any] = [priority]
     if delay is not None:
         args.append("delay => %s::interval")
         params.append(interval(delay, "delay"))
@@ -204,7 +205,9 @@ def send_batch_query(
     args, params = _common(queue, delay, priority, headers, dedup_for)
     if dedup_keys is not None:
         if len(dedup_keys) != len(payloads):
-            raise ValueError(f"dedup_keys has {len(dedup_keys)} keys for {len(payloads)} payloads: give one per payload")
+            raise ValueError(
+                f"dedup_keys has {len(dedup_keys)} keys for {len(payloads)} payloads: give one per payload"
+            )
         args.append("dedup_keys => %s::text[]")
         params.append(list(dedup_keys))
     sql = (

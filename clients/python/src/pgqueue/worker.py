@@ -307,7 +307,7 @@ class Worker:
         self._hurry = threading.Event()  # a second stop: no grace
         self._done = threading.Event()  # give up retrying finishes
         self._claiming = False
-        self._running = False
+        self._started = False
 
     # -- public ---------------------------------------------------------------------------
 
@@ -316,12 +316,14 @@ class Worker:
         main thread; a second signal skips the grace period). On the way out it lets running
         handlers finish for up to `grace` seconds, then gives back what it still holds.
         Raises on errors that retrying cannot fix (no such queue, no privilege, bad settings)."""
-        if self._running:
-            raise RuntimeError("this worker is already running")
-        self._running = True
+        if self._started:
+            raise RuntimeError("a worker runs once; make a new one")
+        self._started = True
         restore = self._install_signals() if handle_signals else {}
-        threads = [threading.Thread(target=self._work, name=f"pgqueue-handler-{i}", daemon=True)
-                   for i in range(self.settings.concurrency)]
+        threads = [
+            threading.Thread(target=self._work, name=f"pgqueue-handler-{i}", daemon=True)
+            for i in range(self.settings.concurrency)
+        ]
         threads.append(threading.Thread(target=self._renew_loop, name="pgqueue-renewer", daemon=True))
         for t in threads:
             t.start()
@@ -382,8 +384,11 @@ class Worker:
                 continue
             except psycopg.Error as exc:
                 if wait > 0 and wait_unsupported(exc):
-                    log.warning("the server cannot wait for messages here (%s): polling every %.1f s instead",
-                                short(exc), s.poll_interval)
+                    log.warning(
+                        "the server cannot wait for messages here (%s): polling every %.1f s instead",
+                        short(exc),
+                        s.poll_interval,
+                    )
                     wait = 0
                     continue
                 raise
@@ -435,8 +440,9 @@ class Worker:
     def _finish(self, held: Held, outcome: str, error: str | None) -> None:
         with self._changed:
             if held.state != "running":
-                log.warning("message %d finished after it was given back; its work may be done again",
-                            held.message.msg_id)
+                log.warning(
+                    "message %d finished after it was given back; its work may be done again", held.message.msg_id
+                )
                 return
             held.state = "finishing"
         try:
@@ -453,13 +459,18 @@ class Worker:
                 rows = self._link.fetch(*self.settings.finish_query(held, outcome, error))
             except psycopg.OperationalError as exc:
                 if self._done.is_set():
-                    log.error("could not %s message %d before the worker ended (%s); its lease will run out",
-                              outcome, held.message.msg_id, short(exc))
+                    log.error(
+                        "could not %s message %d before the worker ended (%s); its lease will run out",
+                        outcome,
+                        held.message.msg_id,
+                        short(exc),
+                    )
                     return
                 failures += 1
                 pause = backoff(failures, self.settings.max_backoff)
-                log.warning("%s of message %d failed (%s); again in %.1f s",
-                            outcome, held.message.msg_id, short(exc), pause)
+                log.warning(
+                    "%s of message %d failed (%s); again in %.1f s", outcome, held.message.msg_id, short(exc), pause
+                )
                 self._done.wait(pause)
                 continue
             except psycopg.Error as exc:
@@ -522,7 +533,6 @@ class Worker:
             self._jobs.put(None)
         self._claim_link.drop()
         self._link.drop()
-        self._running = False
 
     def _give_back(self, held: Held) -> None:
         for attempt in range(3):
@@ -545,7 +555,7 @@ class Worker:
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        previous = {}
+        previous: dict[int, Any] = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, lambda *_: self.stop())
         return previous
