@@ -46,9 +46,12 @@ impl Exporter {
             .stderr(Stdio::from(out))
             .spawn()
             .unwrap_or_else(|e| panic!("start {EXPORTER} (scripts/setup.sh installs it): {e}"));
-        let exporter = Exporter { child, port, log };
+        let mut exporter = Exporter { child, port, log };
         // Its landing page answers once it listens (without querying the server).
         wait_for("the exporter to listen", LIMIT, || {
+            if let Ok(Some(status)) = exporter.child.try_wait() {
+                panic!("the exporter exited ({status}):\n{}", exporter.log());
+            }
             ureq::get(&format!("http://127.0.0.1:{port}/")).call().ok().map(|_| ())
         });
         exporter

@@ -79,8 +79,13 @@ ignore_startup_parameters = extra_float_digits
             .stderr(Stdio::from(log))
             .spawn()
             .unwrap_or_else(|e| panic!("start {PGBOUNCER} (scripts/setup.sh installs it): {e}"));
-        let bouncer = Bouncer { child, port, dir };
-        wait_for("PgBouncer to accept connections", LIMIT, || bouncer.try_connect("app", "postgres").ok());
+        let mut bouncer = Bouncer { child, port, dir };
+        wait_for("PgBouncer to accept connections", LIMIT, || {
+            if let Ok(Some(status)) = bouncer.child.try_wait() {
+                panic!("PgBouncer exited ({status}):\n{}", bouncer.log());
+            }
+            bouncer.try_connect("app", "postgres").ok()
+        });
         bouncer
     }
 
