@@ -206,6 +206,10 @@ def test_bad_arguments_raise_clear_errors(dsn, make_queue):
         pgqueue.Worker(dsn, q, print, non_retryable=["ValueError"])
     with pytest.raises(TypeError, match="lease"):
         pgqueue.Worker(dsn, q, print, lease="30 s")
+    with pytest.raises(TypeError, match="AsyncWorker"):
+        pgqueue.Worker(dsn, q, asyncio.sleep)
+    with pytest.raises(TypeError, match="coroutine function"):
+        pgqueue.aio.AsyncWorker(dsn, q, print)
     with pytest.raises(psycopg.errors.UndefinedObject, match='queue "no_such_queue" does not exist'):
         pgqueue.Worker(dsn, "no_such_queue", print, wait=1).run()
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="lease"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import signal
 import threading
 import time
@@ -211,6 +212,8 @@ class AsyncWorker:
             max_backoff=max_backoff,
             connect_timeout=connect_timeout,
         )
+        if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__)):
+            raise TypeError("handler must be a coroutine function (async def): run a plain one with pgqueue.Worker")
         self._handler = handler
         self._claim_link = _AsyncLink(self.settings)
         self._link = _AsyncLink(self.settings)

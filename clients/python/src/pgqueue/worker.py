@@ -4,6 +4,7 @@ gracefully and reconnects after connection losses."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import queue as queue_module
@@ -297,6 +298,8 @@ class Worker:
             max_backoff=max_backoff,
             connect_timeout=connect_timeout,
         )
+        if inspect.iscoroutinefunction(handler):
+            raise TypeError("handler is a coroutine function: run it with pgqueue.aio.AsyncWorker")
         self._handler = handler
         self._claim_link = _Link(self.settings, "claim")
         self._link = _Link(self.settings, "control")
