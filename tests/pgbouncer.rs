@@ -415,6 +415,33 @@ fn named_prepared_statements_do_not_survive_transaction_pooling() {
     assert_eq!(rows.iter().filter(|m| matches!(m, postgres::SimpleQueryMessage::Row(_))).count(), 1);
 }
 
+/// Worse than missing: a statement name (drivers number theirs per connection, so names
+/// repeat across clients) can meet another client's statement of that name on the server
+/// connection PgBouncer hands out next, which then runs in the caller's place. Here an "ack"
+/// dead-letters the message. Behind transaction pooling, prepared statements must be off
+/// (psycopg: `prepare_threshold=None`; lib/pq: `binary_parameters=yes`, see the report).
+#[test]
+fn a_statement_name_can_run_another_clients_statement() {
+    let (server, bouncer) = setup();
+    let mut direct = server.connect("postgres");
+    direct.batch_execute("SELECT pgqueue.pgq_create_queue('jobs'); SELECT pgqueue.pgq_send('jobs', '{}')").unwrap();
+    let row = direct.query_one("SELECT msg_id, claim_token FROM pgqueue.pgq_claim('jobs')", &[]).unwrap();
+    let (id, token): (i64, Uuid) = (row.get(0), row.get(1));
+    let (mut a, mut b, mut c) = (bouncer.connect(), bouncer.connect(), bouncer.connect());
+    // a prepares "finish" as an ack on the pool's first server connection...
+    a.batch_execute("PREPARE finish(bigint, uuid) AS SELECT pgqueue.pgq_ack($1, $2)").unwrap();
+    // ...c's transaction takes that connection, so b's "finish", a fail, goes to a second one...
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute("SELECT 1").unwrap();
+    b.batch_execute("PREPARE finish(bigint, uuid) AS SELECT pgqueue.pgq_fail($1, $2)").unwrap();
+    // ...where a's "ack" runs next.
+    a.batch_execute(&format!("EXECUTE finish({id}, '{token}')")).unwrap();
+    tx.commit().unwrap();
+    let outcome: String =
+        direct.query_one("SELECT outcome::text FROM pgqueue.history WHERE msg_id = $1", &[&id]).unwrap().get(0);
+    assert_eq!(outcome, "dead", "a's ack ran b's statement");
+}
+
 /// `session_bound => true` ties a claim to the server backend, which behind transaction
 /// pooling is not the consumer's: the server cannot tell, so it cannot refuse it, but the
 /// misuse is harmless. A consumer that disconnects leaves its backend in the pool: the claim
