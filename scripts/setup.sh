@@ -131,6 +131,23 @@ if [ -f "$pyproject" ]; then
     fi
 fi
 
+# --- Node: the Node example's dependencies, for its test ---------------------
+# `npm ci` from examples/node's lock into the cache (the clone keeps no node_modules); the
+# test points NODE_PATH there. Re-done when package.json or the lock changes.
+node_example="$here/../examples/node"
+if [ -f "$node_example/package-lock.json" ]; then
+    node_modules="$PGQUEUE_CACHE/node-example"
+    want_sum=$(cat "$node_example/package.json" "$node_example/package-lock.json" | sha256sum | cut -d' ' -f1)
+    if [ "$(cat "$node_modules/.lock.sha256" 2>/dev/null)" != "$want_sum" ]; then
+        log "Node example dependencies ($node_modules)"
+        rm -rf "$node_modules"
+        mkdir -p "$node_modules"
+        cp "$node_example/package.json" "$node_example/package-lock.json" "$node_example/.npmrc" "$node_modules/"
+        npm ci --prefix "$node_modules" --no-audit --no-fund --loglevel=error >/dev/null
+        echo "$want_sum" >"$node_modules/.lock.sha256"
+    fi
+fi
+
 # The test and run commands install the extension into these trees as root, then the
 # postgres user runs the servers; make the build trees readable for it.
 log "toolchain ready (cache: $PGQUEUE_CACHE)"
