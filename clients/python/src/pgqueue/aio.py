@@ -17,7 +17,7 @@ import psycopg
 
 from .messages import Message, Seconds, backoff, error_text, short
 from .producer import send_batch_query, send_query
-from .worker import Held, Settings, fenced_false, log, wait_unsupported
+from .worker import CONNECTION_ERRORS, Held, Settings, fenced_false, log, wait_unsupported
 
 AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
 AsyncHandler = Callable[[Message], Awaitable[object]]
@@ -157,7 +157,7 @@ class _AsyncLink:
             conn = self._conn
         try:
             return await (await conn.execute(sql, params)).fetchall()
-        except psycopg.OperationalError:
+        except CONNECTION_ERRORS:
             await self.drop(conn)
             raise
 
@@ -290,7 +290,7 @@ class AsyncWorker:
         try:
             rows = await self._claim_link.fetch(*s.claim_query(min(free, s.batch), wait))
             self._failures = 0
-        except psycopg.OperationalError as exc:
+        except CONNECTION_ERRORS as exc:
             if self._stopping.is_set():
                 return
             self._failures += 1
@@ -357,7 +357,7 @@ class AsyncWorker:
         while True:
             try:
                 rows = await self._link.fetch(*self.settings.finish_query(held, outcome, error))
-            except psycopg.OperationalError as exc:
+            except CONNECTION_ERRORS as exc:
                 if self._done.is_set():
                     log.error(
                         "could not %s message %d before the worker ended (%s); its lease will run out",
@@ -395,7 +395,7 @@ class AsyncWorker:
         now = time.monotonic()
         try:
             rows = await self._link.fetch(*self.settings.renew_query(due))
-        except psycopg.OperationalError as exc:
+        except CONNECTION_ERRORS as exc:
             log.warning("renewing %d leases failed (%s); trying again", len(due), short(exc))
             await asyncio.sleep(backoff(1, self.settings.max_backoff))
             return
@@ -443,7 +443,7 @@ class AsyncWorker:
         for attempt in range(3):
             try:
                 rows = await self._link.fetch(*self.settings.finish_query(held, "give_back", None))
-            except psycopg.OperationalError as exc:
+            except CONNECTION_ERRORS as exc:
                 log.warning("giving back message %d failed (%s)", held.message.msg_id, short(exc))
                 await asyncio.sleep(backoff(attempt, 2))
                 continue

@@ -26,6 +26,9 @@ log = logging.getLogger("pgqueue")
 
 Handler = Callable[[Message], object]
 
+# A lost or closed connection: reconnect and try again.
+CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+
 
 @dataclass
 class Settings:
@@ -231,7 +234,7 @@ class _Link:
         conn = self.get()
         try:
             return conn.execute(sql, params).fetchall()
-        except psycopg.OperationalError:
+        except CONNECTION_ERRORS:
             self.drop(conn)
             raise
 
@@ -377,7 +380,7 @@ class Worker:
                     break
                 rows = self._claim_link.fetch(*s.claim_query(min(free, s.batch), this_wait))
                 failures = 0
-            except psycopg.OperationalError as exc:
+            except CONNECTION_ERRORS as exc:
                 if self._stopping.is_set():
                     break
                 failures += 1
@@ -460,7 +463,7 @@ class Worker:
         while True:
             try:
                 rows = self._link.fetch(*self.settings.finish_query(held, outcome, error))
-            except psycopg.OperationalError as exc:
+            except CONNECTION_ERRORS as exc:
                 if self._done.is_set():
                     log.error(
                         "could not %s message %d before the worker ended (%s); its lease will run out",
@@ -497,7 +500,7 @@ class Worker:
         now = time.monotonic()
         try:
             rows = self._link.fetch(*self.settings.renew_query(due))
-        except psycopg.OperationalError as exc:
+        except CONNECTION_ERRORS as exc:
             log.warning("renewing %d leases failed (%s); trying again", len(due), short(exc))
             time.sleep(backoff(1, self.settings.max_backoff))
             return
@@ -541,7 +544,7 @@ class Worker:
         for attempt in range(3):
             try:
                 rows = self._link.fetch(*self.settings.finish_query(held, "give_back", None))
-            except psycopg.OperationalError as exc:
+            except CONNECTION_ERRORS as exc:
                 log.warning("giving back message %d failed (%s)", held.message.msg_id, short(exc))
                 time.sleep(backoff(attempt, 2))
                 continue
