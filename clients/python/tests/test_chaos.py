@@ -113,6 +113,6 @@ def test_chaos(dsn: str, tmp_path: Path) -> None:
         assert max(attempts) <= history[msg_id], f"message {msg_id} ran in attempts {attempts} of {history[msg_id]}"
     reruns = sum(len(a) - 1 for a in runs.values())
     again = sum(1 for attempt in history.values() if attempt > 1)
-    print(f"chaos: {terminated} connections terminated, 1 restart; {again} jobs claimed more than once, {reruns} re-runs")
+    print(f"chaos: {terminated} connections terminated, 1 restart; {again} jobs claimed again, {reruns} re-runs")
     query(dsn, "DROP TABLE chaos_runs")
     query(dsn, "SELECT pgqueue.pgq_drop_queue(%s, force => true)", [queue])

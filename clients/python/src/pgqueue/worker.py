@@ -130,14 +130,20 @@ class Settings:
 
     def claim_query(self, qty: int, wait: float) -> tuple[str, list[Any]]:
         # now() is the claim's transaction start, from which the lease was granted; the
-        # lease left is measured by the server's clock (see Held).
+        # lease left is measured by the server's clock (see Held). Without a wait, no `wait`
+        # argument: pgqueue before 0.5 has none.
+        params = [self.queue, qty, self.lease, self.consumer, self.session_bound]
+        waiting = ""
+        if wait > 0:
+            waiting = ", wait => %s::interval"
+            params.append(timedelta(seconds=wait))
         return (
             "SELECT msg_id, claim_token, attempt, priority, payload, headers, enqueued_at,"
             " extract(epoch FROM lease_expires_at - now())::float8,"
             " extract(epoch FROM lease_expires_at - clock_timestamp())::float8"
             " FROM pgqueue.pgq_claim(queue => %s::text, qty => %s::int, lease => %s::interval,"
-            " consumer => %s::text, session_bound => %s::bool, wait => %s::interval)",
-            [self.queue, qty, self.lease, self.consumer, self.session_bound, timedelta(seconds=wait)],
+            f" consumer => %s::text, session_bound => %s::bool{waiting})",
+            params,
         )
 
     def renew_query(self, held: list[Held]) -> tuple[str, list[Any]]:
