@@ -192,6 +192,16 @@ def test_polls_where_the_server_cannot_wait(dsn, db, make_queue, caplog):
     assert "polling" in caplog.text
 
 
+def test_waits_less_when_statement_timeout_cuts_the_wait(dsn, db, make_queue, caplog):
+    q = make_queue()
+    short_timeout = dsn + " options='-c statement_timeout=1500'"
+    caplog.set_level(logging.WARNING, logger="pgqueue")
+    with running(pgqueue.Worker(short_timeout, q, lambda m: None, wait=20)):
+        wait_for("a cancelled wait", lambda: "claim cancelled while waiting" in caplog.text)
+        pgqueue.Producer(dsn).send_batch(q, [1, 2])
+        wait_for("2 completed", lambda: outcomes(db, q).get("completed") == 2)
+
+
 def test_bad_arguments_raise_clear_errors(dsn, make_queue):
     q = make_queue()
     with pytest.raises(ValueError, match="concurrency must be an int of at least 1"):

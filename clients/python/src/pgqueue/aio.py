@@ -17,7 +17,7 @@ import psycopg
 
 from .messages import Message, Seconds, backoff, error_text, short
 from .producer import send_batch_query, send_query
-from .worker import CONNECTION_ERRORS, Held, Settings, fenced_false, log, wait_unsupported
+from .worker import CONNECTION_ERRORS, Held, Settings, fenced_false, log, shorter_wait, wait_unsupported
 
 AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
 AsyncHandler = Callable[[Message], Awaitable[object]]
@@ -292,6 +292,9 @@ class AsyncWorker:
             self._failures = 0
         except CONNECTION_ERRORS as exc:
             if self._stopping.is_set():
+                return
+            if shorter_wait(exc, wait):
+                self._wait = wait / 2
                 return
             self._failures += 1
             pause = backoff(self._failures, s.max_backoff)

@@ -207,6 +207,15 @@ def wait_unsupported(exc: psycopg.Error) -> bool:
     return isinstance(exc, (pg_errors.FeatureNotSupported, pg_errors.UndefinedFunction))
 
 
+def shorter_wait(exc: Exception, wait: float) -> bool:
+    """A waiting claim was cancelled (57014) though the worker is not stopping: most likely a
+    statement_timeout shorter than the wait, so wait half as long from now on."""
+    if not isinstance(exc, pg_errors.QueryCanceled) or wait < 1:
+        return False
+    log.warning("claim cancelled while waiting (%s): waiting %.1f s from now on", short(exc), wait / 2)
+    return True
+
+
 def fenced_false(what: str, held: Held) -> None:
     m = held.message
     log.warning(
@@ -389,6 +398,9 @@ class Worker:
             except CONNECTION_ERRORS as exc:
                 if self._stopping.is_set():
                     break
+                if shorter_wait(exc, this_wait):
+                    wait = this_wait / 2
+                    continue
                 failures += 1
                 pause = backoff(failures, s.max_backoff)
                 log.warning("claim on queue %r failed (%s); again in %.1f s", s.queue, short(exc), pause)
