@@ -74,6 +74,7 @@ DECLARE
     bound_start timestamptz;
     s record;
     deadline timestamptz;
+    since timestamptz := now();
     i integer;
     picked bigint[];
     taken bigint[];
@@ -135,7 +136,7 @@ BEGIN
                     IF pg_catalog.cardinality(taken) > 0 THEN
                         PERFORM pgqueue._claimed(q.queue, s.priorities[i], s.epoch, taken[1],
                                                  taken[pg_catalog.cardinality(taken)],
-                                                 pg_catalog.cardinality(taken), now() + granted);
+                                                 pg_catalog.cardinality(taken), since + granted);
                         picked := picked || taken;
                     END IF;
                     EXIT WHEN pg_catalog.cardinality(picked) >= pgq_claim.qty;
@@ -146,7 +147,7 @@ BEGIN
                 WITH claimed AS (
                     UPDATE pgqueue.messages m
                        SET state = 'claimed', claim_token = gen_random_uuid(), attempt = m.attempt + 1,
-                           claimed_at = now(), lease_expires_at = now() + granted, consumer = pgq_claim.consumer,
+                           claimed_at = since, lease_expires_at = since + granted, consumer = pgq_claim.consumer,
                            session_pid = bound_pid, session_started = bound_start
                      WHERE m.msg_id = ANY (picked)
                     RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
@@ -165,6 +166,9 @@ BEGIN
         -- Nothing yet: sleep until a commit makes messages of this queue claimable (or the
         -- queue is resumed), then try again; one last try at the deadline.
         PERFORM pgqueue._wait(q.queue, s.seq, deadline);
+        -- A lease runs from the claim, not from the statement's start: after a wait longer
+        -- than the lease, now() + lease would hand out a lease that has already ended.
+        since := clock_timestamp();
         SELECT * INTO q FROM pgqueue.queues qs WHERE qs.queue = pgq_claim.queue;
         IF NOT FOUND THEN
             q := pgqueue._queue(pgq_claim.queue);

@@ -140,6 +140,43 @@ fn a_batch_send_wakes_a_waiting_claim() {
     });
 }
 
+/// A claim woken after waiting longer than the lease gets the whole lease from when it
+/// claimed: counted from the statement's start, it would come back already expired (and be
+/// re-armed under its consumer). 0.5.0 did that.
+#[test]
+fn a_lease_runs_from_the_claim_not_from_the_start_of_the_wait() {
+    let mut c = connect();
+    let q = unique_queue("wait_lease");
+    c.execute("SELECT pgqueue.pgq_create_queue($1, lease => '2 s')", &[&q]).unwrap();
+    let mut w = connect();
+    let queue = q.clone();
+    let waiter = thread::spawn(move || -> f64 {
+        w.query_one(
+            "SELECT extract(epoch FROM lease_expires_at)::float8 FROM pgqueue.pgq_claim($1, wait => '50 s')",
+            &[&queue],
+        )
+        .unwrap()
+        .get(0)
+    });
+    until_waiting(&mut c, &q, 1);
+    // Outlast the lease while the claim sleeps, then send.
+    let asleep: f64 = c.query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[]).unwrap().get(0);
+    wait_for("3 s to pass on the server's clock", LIMIT, || {
+        let now: f64 = c.query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[]).unwrap().get(0);
+        (now > asleep + 3.0).then_some(())
+    });
+    let sent_at: f64 = c
+        .query_one("SELECT extract(epoch FROM clock_timestamp())::float8 FROM pgqueue.pgq_send($1, '{}')", &[&q])
+        .unwrap()
+        .get(0);
+    let lease_end = waiter.join().unwrap();
+    assert!(
+        lease_end >= sent_at + 2.0,
+        "claimed after the send ({sent_at}), so the 2 s lease ends after {}; it ends at {lease_end}",
+        sent_at + 2.0
+    );
+}
+
 #[test]
 fn a_nack_for_now_wakes_a_waiting_claim() {
     let mut c = connect();
