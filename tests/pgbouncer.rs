@@ -419,7 +419,8 @@ fn named_prepared_statements_do_not_survive_transaction_pooling() {
 /// repeat across clients) can meet another client's statement of that name on the server
 /// connection PgBouncer hands out next, which then runs in the caller's place. Here an "ack"
 /// dead-letters the message. Behind transaction pooling, prepared statements must be off
-/// (psycopg: `prepare_threshold=None`; lib/pq: `binary_parameters=yes`, see the report).
+/// (psycopg: `prepare_threshold=None`, the Python client's default; lib/pq:
+/// `binary_parameters=yes`, which sends a statement and its values in one round trip).
 #[test]
 fn a_statement_name_can_run_another_clients_statement() {
     let (server, bouncer) = setup();
@@ -540,14 +541,15 @@ def handle(msg):
         runs[(msg.payload["p"], msg.payload["i"])] += 1
 
 # Waiting claims hold a server connection while they wait: short waits leave room in the pool.
+# The client's defaults (no prepared statements) are what PgBouncer needs.
 pool = [pgqueue.Worker(dsn, queue, handle, concurrency=2, batch=5, wait=1, grace=5,
-                       prepare_threshold=None, application_name=f"worker-{n}") for n in range(workers)]
+                       application_name=f"worker-{n}") for n in range(workers)]
 threads = [threading.Thread(target=w.run, kwargs={"handle_signals": False}) for w in pool]
 for t in threads:
     t.start()
 
 def produce(p):
-    with pgqueue.Producer(dsn, prepare_threshold=None) as producer:
+    with pgqueue.Producer(dsn) as producer:
         i = 0
         while i < per_producer:
             if i % 3 == 0:

@@ -79,7 +79,7 @@ class AsyncProducer:
         self,
         dsn: str,
         *,
-        prepare_threshold: int | None = 5,
+        prepare_threshold: int | None = None,
         application_name: str = "pgqueue-producer",
         connect_timeout: int = 10,
     ) -> None:
@@ -188,7 +188,7 @@ class AsyncWorker:
         poll_interval: Seconds = 1,
         consumer: str | None = None,
         application_name: str = "pgqueue-worker",
-        prepare_threshold: int | None = 5,
+        prepare_threshold: int | None = None,
         session_bound: bool = False,
         max_backoff: Seconds = 30,
         connect_timeout: int = 10,

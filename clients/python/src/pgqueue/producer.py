@@ -64,7 +64,7 @@ class Producer:
         self,
         dsn: str,
         *,
-        prepare_threshold: int | None = 5,
+        prepare_threshold: int | None = None,
         application_name: str = "pgqueue-producer",
         connect_timeout: int = 10,
     ) -> None:

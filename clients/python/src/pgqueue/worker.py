@@ -193,8 +193,8 @@ class Held:
             enqueued_at=enqueued_at,
             claim_token=token,
         )
-        # Renew when a third of the lease has passed. A waiting claim may have spent part of
-        # its lease waiting (it counts from the statement's start): then it is renewed at once.
+        # Renew when a third of the lease has passed. Before pgqueue 0.6.0 a waiting claim's
+        # lease counted from the statement's start: if the wait spent much of it, renew at once.
         return cls(message, granted, now + left - granted * 2 / 3)
 
     def renewed(self, now: float) -> None:
@@ -292,7 +292,7 @@ class Worker:
         poll_interval: Seconds = 1,
         consumer: str | None = None,
         application_name: str = "pgqueue-worker",
-        prepare_threshold: int | None = 5,
+        prepare_threshold: int | None = None,
         session_bound: bool = False,
         max_backoff: Seconds = 30,
         connect_timeout: int = 10,
@@ -386,8 +386,9 @@ class Worker:
                 free = s.concurrency - len(self._held)
             if self._stopping.is_set():
                 break
-            # Wait no longer than a third of the lease: a waiting claim's lease counts from
-            # its start, so a long wait would hand out messages with little lease left.
+            # Wait no longer than a third of the lease: before pgqueue 0.6.0 a waiting claim's
+            # lease counted from the statement's start, so a long wait handed out messages
+            # with little lease left (or none).
             this_wait = min(wait, granted / 3) if granted else wait
             try:
                 self._claiming = True
