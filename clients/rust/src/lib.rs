@@ -1,19 +1,4 @@
-//! A client for pgqueue queues on tokio-postgres: a producer that sends
-//! inside the caller's own transaction, and a worker that claims, runs a handler per message,
-//! renews leases while it runs, acks or nacks, stops gracefully and reconnects.
-//!
-//! ```no_run
-//! use pgqueue_client::{HandlerError, Message, Worker, WorkerConfig};
-//!
-//! # async fn example() -> pgqueue_client::Result<()> {
-//! let config = WorkerConfig::new("host=localhost user=app dbname=app", "emails").concurrency(8);
-//! let worker = Worker::new(config, |msg: Message| async move {
-//!     println!("sending {}", msg.payload);
-//!     Ok::<(), HandlerError>(())
-//! });
-//! worker.run(async { tokio::signal::ctrl_c().await.ok(); }).await
-//! # }
-//! ```
+#![doc = include_str!("../README.md")]
 
 mod error;
 mod producer;
