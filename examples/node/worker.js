@@ -27,6 +27,11 @@ const NACK = `SELECT pgqueue.pgq_nack(msg_id => $1::bigint, claim_token => $2::u
 
 async function main() {
   const client = new Client({ connectionString: process.env.DATABASE_URL, application_name: 'pgqueue-node-worker' });
+  // A lost connection ends the worker (exit 1): run it under a supervisor that restarts it.
+  client.on('error', (err) => {
+    console.error(`worker: connection lost: ${err.message}`);
+    process.exit(1);
+  });
   await client.connect();
 
   let stopping = false;
