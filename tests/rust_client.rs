@@ -394,31 +394,47 @@ fn a_worker_reconnects_after_terminated_sessions_and_a_restart() {
             Ok(())
         }
     });
-    let send = |c: &mut Client| {
-        c.execute("SELECT pgqueue.pgq_send('chaos', jsonb_build_object('n', g)) FROM generate_series(1, 300) g", &[])
+    let send = |c: &mut Client, n: i64| {
+        c.execute("SELECT pgqueue.pgq_send('chaos', '{}') FROM generate_series(1, $1::bigint)", &[&n]).unwrap();
+    };
+    let terminate = |c: &mut Client| {
+        let pids: Vec<i32> = c
+            .query("SELECT pid FROM pg_stat_activity WHERE application_name = 'chaos_worker'", &[])
             .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(pids.len(), 2, "the worker's claim and finishing connections");
+        for pid in pids {
+            let killed: bool = c.query_one("SELECT pg_terminate_backend($1)", &[&pid]).unwrap().get(0);
+            assert!(killed);
+        }
+    };
+    let idle = |c: &mut Client| {
+        wait_for("the worker idle in a waiting claim", LIMIT, || (waiting_claims(c, "chaos") == 1).then_some(()))
     };
 
-    send(&mut c);
+    // Its sessions terminated while it works, then while it waits in a claim.
+    send(&mut c, 300);
     wait_for("work under way", LIMIT, || (completed(&mut c, "chaos") >= 50).then_some(()));
-    let pids: Vec<i32> = c
-        .query("SELECT pid FROM pg_stat_activity WHERE application_name = 'chaos_worker'", &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(pids.len(), 2, "the worker's claim and finishing connections");
-    for pid in pids {
-        let killed: bool = c.query_one("SELECT pg_terminate_backend($1)", &[&pid]).unwrap().get(0);
-        assert!(killed);
-    }
+    terminate(&mut c);
     until_completed(&mut c, "chaos", 300);
+    idle(&mut c);
+    terminate(&mut c);
+    send(&mut c, 100);
+    until_completed(&mut c, "chaos", 400);
 
-    send(&mut c);
-    wait_for("work under way again", LIMIT, || (completed(&mut c, "chaos") >= 350).then_some(()));
+    // The server restarted while it works, then while it waits in a claim.
+    send(&mut c, 300);
+    wait_for("work under way again", LIMIT, || (completed(&mut c, "chaos") >= 450).then_some(()));
     server.restart();
     let mut c = server.connect("postgres");
-    until_completed(&mut c, "chaos", 600);
+    until_completed(&mut c, "chaos", 700);
+    idle(&mut c);
+    server.restart();
+    let mut c = server.connect("postgres");
+    send(&mut c, 100);
+    until_completed(&mut c, "chaos", 800);
     let reconnected: i64 =
         count(&mut c, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", "chaos_worker");
     assert_eq!(reconnected, 2);
@@ -427,7 +443,7 @@ fn a_worker_reconnects_after_terminated_sessions_and_a_restart() {
     // Every message completed once; a handler ran again only for a claim that was lost
     // (its attempt says so), never twice within one claim.
     let history = history(&mut c, "chaos");
-    assert_eq!(history.len(), 600);
+    assert_eq!(history.len(), 800);
     for (id, (outcome, attempt, _)) in &history {
         assert_eq!(outcome, "completed");
         let ran = calls.of(*id);
