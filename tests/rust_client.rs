@@ -306,10 +306,11 @@ fn renewals_keep_a_long_job_past_its_lease() {
             Ok(())
         }
     });
-    // The claim has waited longer than the lease when the message arrives: its lease, counted
-    // from the claim statement's start, is gone by then unless the worker renews at once.
+    // The claim has waited three leases when the message arrives: the lease runs from the
+    // claim all the same, and the worker renews by it (not by the time since the statement
+    // began, which would renew too late).
     wait_for("the worker's waiting claim", LIMIT, || (waiting_claims(&mut c, "long") == 1).then_some(()));
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(6));
     let id: i64 = c.query_one("SELECT pgqueue.pgq_send('long', '{}')", &[]).unwrap().get(0);
     until_completed(&mut c, "long", 1);
     stop(&rt, worker).unwrap();

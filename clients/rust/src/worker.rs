@@ -287,13 +287,11 @@ async fn connect(pg: &Config) -> Result<Client> {
 
 async fn claim_connection(pg: &Config) -> Result<(Client, Statement)> {
     let client = connect(pg).await?;
-    // The lease as granted (lease_expires_at − now(), now() being the claim statement's
-    // start), and what is left of it when the claim returns: a claim that waited for
-    // messages has used part of its lease waiting.
+    // With the lease left when the claim returns: the lease granted (the queue's unless
+    // configured), as it runs from the claim (pgqueue 0.6.0 and later), also after a wait.
     let statement = client
         .prepare(
             "SELECT msg_id, claim_token, attempt, priority, payload, headers, enqueued_at, lease_expires_at,
-                    EXTRACT(epoch FROM lease_expires_at - now())::float8,
                     EXTRACT(epoch FROM lease_expires_at - clock_timestamp())::float8
                FROM pgqueue.pgq_claim(queue => $1::text, qty => $2::int, lease => $3::text::interval,
                                       consumer => $4::text, wait => $5::text::interval)",
@@ -302,11 +300,10 @@ async fn claim_connection(pg: &Config) -> Result<(Client, Statement)> {
     Ok((client, statement))
 }
 
-/// A claimed message, its granted lease and the part of it left when the claim returned.
+/// A claimed message and its lease (what was left of it when the claim returned).
 struct Claimed {
     msg: Message,
     lease: Duration,
-    left: Duration,
 }
 
 async fn claim(client: &Client, statement: &Statement, shared: &Shared, qty: usize) -> Result<Vec<Claimed>> {
@@ -328,7 +325,6 @@ async fn claim(client: &Client, statement: &Statement, shared: &Shared, qty: usi
                 lease_expires_at: r.get(7),
             },
             lease: secs(r.get(8)),
-            left: secs(r.get(9)),
         })
         .collect())
 }
@@ -435,9 +431,14 @@ async fn process<H, F>(
     H: Fn(Message) -> F + Send + Sync + 'static,
     F: Future<Output = std::result::Result<(), HandlerError>> + Send + 'static,
 {
-    let Claimed { msg, lease, left } = claimed;
+    let Claimed { msg, lease } = claimed;
     let (id, token) = (msg.msg_id, msg.claim_token);
-    let mut lease_end = Instant::now() + left;
+    let mut lease_end = Instant::now() + lease;
+    if lease.is_zero() {
+        // Only a server before 0.6.0, where a waiting claim's lease ran from the statement's
+        // start, hands out a lease that has already ended; renewals may still save it.
+        log::warn!("pgqueue worker: message {id} was claimed with its lease already ended (pgqueue before 0.6.0?)");
+    }
     let renew = async |lease_end: &mut Instant| -> bool {
         let asked = Instant::now();
         match shared.try_op(&Op::Renew, id, token).await {
@@ -457,14 +458,8 @@ async fn process<H, F>(
             }
         }
     };
-    // A claim that waited for messages spent part of the lease waiting (it counts from the
-    // claim statement's start): renew before starting if a third of it or more is gone.
-    if left < lease * 2 / 3 && !renew(&mut lease_end).await {
-        return;
-    }
-
     let mut job = tokio::spawn((handler)(msg));
-    let period = (lease / 3).max(Duration::from_millis(10));
+    let period = (lease / 3).max(Duration::from_millis(100));
     let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut held = true;
