@@ -2,7 +2,8 @@
 //! than the number of clients so that they really share server connections: every function
 //! of the SQL API works through it (with the simple query protocol or unnamed statements —
 //! named prepared statements do not survive transaction pooling, shown here too), the
-//! Python client's producers and workers process every message exactly once through it, and
+//! Python and Rust clients' producers and workers process every message exactly once through
+//! it, and
 //! session-bound claims, which transaction pooling defeats, are harmless: never delivered
 //! twice while a lease is live, and a claim re-armed under a consumer that still works is
 //! fenced (its ack changes nothing) rather than completed twice.
@@ -11,14 +12,18 @@ mod common;
 
 use common::server::Server;
 use common::{Client, wait_for};
+use pgqueue_client::{Message, SendOptions, Worker, WorkerConfig, tokio_postgres};
 use postgres::Row;
 use postgres::types::{ToSql, Type};
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
@@ -624,4 +629,144 @@ fn python_producers_and_workers_through_pgbouncer() {
     assert_eq!(counts, (total, 0, total, 0, 0), "(completed, dead, distinct payloads, rolled back, left)");
     let used = server_connections(&mut direct);
     assert!(used <= POOL_SIZE, "{used} server connections for {} clients", producers + 2 * workers);
+}
+
+/// One producer of the Rust client through PgBouncer: `send` (with options), `send_batch`
+/// (with options), and `send` inside its own transaction, rolled back once first (payload
+/// `i: -1`: never seen). Returns the msg_ids it got.
+async fn produce_rust(dsn: String, queue: &str, p: i64, n: i64) -> pgqueue_client::Result<Vec<i64>> {
+    let (mut client, connection) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let key = |i: i64| format!("{p}-{i}");
+    let mut ids = vec![];
+    let mut i = 0;
+    while i < n {
+        match i % 3 {
+            0 => {
+                let opts = SendOptions {
+                    priority: Some(1),
+                    headers: Some(json!({"p": p})),
+                    dedup_key: Some(key(i)),
+                    ..Default::default()
+                };
+                ids.push(pgqueue_client::send(&client, queue, &json!({"p": p, "i": i}), opts).await?);
+                i += 1;
+            }
+            1 => {
+                let range = i..(i + 5).min(n);
+                let opts = SendOptions {
+                    delay: Some(Duration::ZERO),
+                    dedup_keys: Some(range.clone().map(|j| Some(key(j))).collect()),
+                    dedup_for: Some(Duration::from_secs(3600)),
+                    ..Default::default()
+                };
+                let batch: Vec<Value> = range.clone().map(|j| json!({"p": p, "i": j})).collect();
+                ids.extend(pgqueue_client::send_batch(&client, queue, &batch, opts).await?);
+                i = range.end;
+            }
+            _ => {
+                let tx = client.transaction().await?;
+                pgqueue_client::send(&tx, queue, &json!({"p": p, "i": -1}), SendOptions::default()).await?;
+                tx.rollback().await?;
+                let tx = client.transaction().await?;
+                ids.push(pgqueue_client::send(&tx, queue, &json!({"p": p, "i": i}), SendOptions::default()).await?);
+                tx.commit().await?;
+                i += 1;
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// The Rust client's producers and workers, all through PgBouncer, more clients than server
+/// connections: its statements are unnamed (`query_typed`), never named prepared statements
+/// that another server connection lacks or knows as another client's statement.
+#[test]
+fn rust_client_producers_and_workers_through_pgbouncer() {
+    let (server, bouncer) = setup();
+    let mut direct = server.connect("postgres");
+    direct.batch_execute("SELECT pgqueue.pgq_create_queue('rs')").unwrap();
+    let (producers, per_producer, workers) = (4, 150, 3);
+    let total = producers * per_producer;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    // How many times a handler ran for each (producer, i) of the payloads.
+    let runs: Arc<Mutex<HashMap<(i64, i64), u32>>> = Arc::default();
+
+    let running: Vec<_> = (0..workers)
+        .map(|n| {
+            // Waiting claims hold a server connection while they wait: short waits leave room
+            // in the pool.
+            let config = WorkerConfig::new(bouncer.dsn(), "rs")
+                .concurrency(2)
+                .batch(5)
+                .wait(Duration::from_secs(1))
+                .grace(Duration::from_secs(5))
+                .consumer(format!("worker-{n}"));
+            let runs = runs.clone();
+            let worker = Worker::new(config, move |msg: Message| {
+                let runs = runs.clone();
+                async move {
+                    let key = (msg.payload["p"].as_i64().unwrap(), msg.payload["i"].as_i64().unwrap());
+                    *runs.lock().unwrap().entry(key).or_default() += 1;
+                    Ok(())
+                }
+            });
+            let (stop, stopped) = oneshot::channel::<()>();
+            let run = rt.spawn(worker.run(async move {
+                let _ = stopped.await;
+            }));
+            (stop, run)
+        })
+        .collect();
+
+    let sending: Vec<_> =
+        (0..producers).map(|p| rt.spawn(produce_rust(bouncer.dsn(), "rs", p, per_producer))).collect();
+    let mut sent: Vec<i64> = rt.block_on(async {
+        let mut ids = vec![];
+        for producer in sending {
+            let got = tokio::time::timeout(LIMIT * 2, producer).await.expect("the producer finishes").unwrap();
+            ids.extend(got.unwrap_or_else(|e| panic!("a producer failed: {e}\n{}", bouncer.log())));
+        }
+        ids
+    });
+    sent.sort();
+    assert_eq!(sent.len() as i64, total);
+    let handled = || runs.lock().unwrap().values().sum::<u32>() as i64;
+    wait_for("every message to be handled", LIMIT * 2, || (handled() >= total).then_some(()));
+    // Counted before the workers stop: cancelling their waiting claims makes PgBouncer open a
+    // server connection beyond the pool for a moment.
+    let used = server_connections(&mut direct);
+    assert!(used <= POOL_SIZE, "{used} server connections for {} clients", producers + 2 * workers);
+    for (stop, run) in running {
+        let _ = stop.send(());
+        let stopped = rt.block_on(async { tokio::time::timeout(LIMIT, run).await });
+        let result = stopped.expect("the worker stops").expect("run does not panic");
+        result.unwrap_or_else(|e| panic!("a worker failed: {e}\n{}", bouncer.log()));
+    }
+
+    let runs = runs.lock().unwrap().clone();
+    let rolled_back_seen = runs.iter().filter(|((_, i), _)| *i < 0).count();
+    assert_eq!((handled(), runs.len() as i64, rolled_back_seen), (total, total, 0), "(runs, distinct, rolled back)");
+    let want: HashMap<(i64, i64), u32> =
+        (0..producers).flat_map(|p| (0..per_producer).map(move |i| ((p, i), 1))).collect();
+    assert_eq!(runs, want, "each message handled once");
+    // Counted on the server itself: every message completed once, nothing left or dead.
+    let row = direct
+        .query_one(
+            "SELECT count(*) FILTER (WHERE outcome = 'completed'), count(*) FILTER (WHERE outcome = 'dead'),
+                    count(DISTINCT (payload->>'p', payload->>'i')), count(*) FILTER (WHERE (payload->>'i')::int < 0),
+                    (SELECT count(*) FROM pgqueue.messages WHERE queue = 'rs')
+               FROM pgqueue.history WHERE queue = 'rs'",
+            &[],
+        )
+        .unwrap();
+    let counts: (i64, i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    assert_eq!(counts, (total, 0, total, 0, 0), "(completed, dead, distinct payloads, rolled back, left)");
+    let finished: Vec<i64> = direct
+        .query("SELECT msg_id FROM pgqueue.history WHERE queue = 'rs' ORDER BY msg_id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(finished, sent, "the msg_ids the producers got are the ones completed");
 }

@@ -1,11 +1,11 @@
 //! Sending: on the caller's client or transaction, so a message commits (or vanishes) with
 //! the caller's own writes. Nothing here commits.
 
-use crate::{Error, Result, interval};
+use crate::{Error, Param, Result, interval};
 use serde_json::Value;
 use std::time::Duration;
 use tokio_postgres::GenericClient;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 
 /// Optional arguments of [`send`] and [`send_batch`]; what is None is left to the server's
 /// defaults (README "SQL API").
@@ -27,9 +27,12 @@ pub struct SendOptions {
 }
 
 /// `SELECT pgqueue.<function>(queue => $1, <first> => $2, …)` with only the options set.
+///
+/// Sent as one unnamed statement with typed parameters (`query_typed`), never a named
+/// prepared statement: that is what works behind PgBouncer in transaction pooling mode.
 struct Call {
     args: Vec<String>,
-    params: Vec<Box<dyn ToSql + Sync + Send>>,
+    params: Vec<(Box<dyn ToSql + Sync + Send>, Type)>,
 }
 
 impl Call {
@@ -37,34 +40,40 @@ impl Call {
         Call { args: vec![], params: vec![] }
     }
 
-    fn arg(&mut self, name: &str, cast: &str, value: impl ToSql + Sync + Send + 'static) {
-        self.params.push(Box::new(value));
-        self.args.push(format!("{name} => ${}::{cast}", self.params.len()));
+    fn arg(&mut self, name: &str, ty: Type, value: impl ToSql + Sync + Send + 'static) {
+        self.params.push((Box::new(value), ty));
+        self.args.push(format!("{name} => ${}", self.params.len()));
+    }
+
+    /// A duration, sent as an interval literal in text (tokio-postgres has no interval type).
+    fn interval(&mut self, name: &str, value: Duration) {
+        self.params.push((Box::new(interval(value)), Type::TEXT));
+        self.args.push(format!("{name} => ${}::interval", self.params.len()));
     }
 
     fn options(&mut self, opts: SendOptions) {
         if let Some(delay) = opts.delay {
-            self.arg("delay", "text::interval", interval(delay));
+            self.interval("delay", delay);
         }
         if let Some(priority) = opts.priority {
-            self.arg("priority", "smallint", priority);
+            self.arg("priority", Type::INT2, priority);
         }
         if let Some(headers) = opts.headers {
-            self.arg("headers", "jsonb", headers);
+            self.arg("headers", Type::JSONB, headers);
         }
         if let Some(key) = opts.dedup_key {
-            self.arg("dedup_key", "text", key);
+            self.arg("dedup_key", Type::TEXT, key);
         }
         if let Some(keys) = opts.dedup_keys {
-            self.arg("dedup_keys", "text[]", keys);
+            self.arg("dedup_keys", Type::TEXT_ARRAY, keys);
         }
         if let Some(dedup_for) = opts.dedup_for {
-            self.arg("dedup_for", "text::interval", interval(dedup_for));
+            self.interval("dedup_for", dedup_for);
         }
     }
 
-    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        self.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect()
+    fn params(&self) -> Vec<Param<'_>> {
+        self.params.iter().map(|(p, ty)| (p.as_ref() as &(dyn ToSql + Sync), ty.clone())).collect()
     }
 }
 
@@ -75,11 +84,11 @@ pub async fn send(client: &impl GenericClient, queue: &str, payload: &Value, opt
         return Err(Error::InvalidArgument("send takes dedup_key; dedup_keys is for send_batch".into()));
     }
     let mut call = Call::new();
-    call.arg("queue", "text", queue.to_owned());
-    call.arg("payload", "jsonb", payload.clone());
+    call.arg("queue", Type::TEXT, queue.to_owned());
+    call.arg("payload", Type::JSONB, payload.clone());
     call.options(opts);
     let sql = format!("SELECT pgqueue.pgq_send({})", call.args.join(", "));
-    Ok(client.query_one(&sql, &call.params()).await?.get(0))
+    Ok(client.query_typed_one(&sql, &call.params()).await?.get(0))
 }
 
 /// Enqueues many messages in one statement (at most 10,000). Returns their msg_ids in the
@@ -105,13 +114,13 @@ pub async fn send_batch(
         )));
     }
     let mut call = Call::new();
-    call.arg("queue", "text", queue.to_owned());
-    call.arg("payloads", "jsonb[]", payloads.to_vec());
+    call.arg("queue", Type::TEXT, queue.to_owned());
+    call.arg("payloads", Type::JSONB_ARRAY, payloads.to_vec());
     call.options(opts);
     let sql = format!(
         "SELECT id FROM pgqueue.pgq_send_batch({}) WITH ORDINALITY AS t(id, n) ORDER BY n",
         call.args.join(", ")
     );
-    let rows = client.query(&sql, &call.params()).await?;
+    let rows = client.query_typed(&sql, &call.params()).await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }

@@ -1,7 +1,12 @@
 //! The worker: a claim loop on one connection (waiting claims block it server-side), and a
 //! task per message whose renewals and ack/nack/fail go through a second connection.
+//!
+//! Every statement is one unnamed statement with typed parameters (`query_typed`: parse,
+//! bind and execute in one round trip), never a named prepared statement, so that the worker
+//! works behind PgBouncer in transaction pooling mode, where consecutive statements of a
+//! connection may run on different server connections.
 
-use crate::{Error, HandlerError, Result, interval};
+use crate::{Error, HandlerError, Param, Result, interval};
 use serde_json::Value;
 use std::fmt;
 use std::future::Future;
@@ -10,7 +15,8 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
-use tokio_postgres::{Client, Config, NoTls, Statement};
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Config, NoTls};
 use uuid::Uuid;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -164,7 +170,7 @@ where
         let (giveback, _) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
-        let mut claimer: Option<(Client, Statement)> = None;
+        let mut claimer: Option<Client> = None;
         let mut backoff = FIRST_BACKOFF;
         let mut fatal = None;
 
@@ -182,11 +188,11 @@ where
                 }
             }
 
-            let (client, statement) = match claimer.take() {
-                Some(c) if !c.0.is_closed() => c,
+            let client = match claimer.take() {
+                Some(c) if !c.is_closed() => c,
                 _ => {
                     let connected = tokio::select! {
-                        c = claim_connection(&shared.pg) => c,
+                        c = connect(&shared.pg) => c,
                         () = &mut shutdown => break,
                     };
                     match connected {
@@ -208,7 +214,7 @@ where
 
             let mut stopping = false;
             let result = {
-                let claim = claim(&client, &statement, &shared, permits.len());
+                let claim = claim(&client, &shared, permits.len());
                 tokio::pin!(claim);
                 tokio::select! {
                     r = &mut claim => r,
@@ -226,7 +232,7 @@ where
             match result {
                 Ok(claimed) => {
                     backoff = FIRST_BACKOFF;
-                    claimer = Some((client, statement));
+                    claimer = Some(client);
                     // Slots beyond what was claimed are released as `permits` drops.
                     for (c, permit) in claimed.into_iter().zip(permits.drain(..)) {
                         let job = process(shared.clone(), self.handler.clone(), c, giveback.subscribe(), permit);
@@ -285,31 +291,30 @@ async fn connect(pg: &Config) -> Result<Client> {
     Ok(client)
 }
 
-async fn claim_connection(pg: &Config) -> Result<(Client, Statement)> {
-    let client = connect(pg).await?;
-    // With the lease left when the claim returns: the lease granted (the queue's unless
-    // configured), as it runs from the claim (pgqueue 0.6.0 and later), also after a wait.
-    let statement = client
-        .prepare(
-            "SELECT msg_id, claim_token, attempt, priority, payload, headers, enqueued_at, lease_expires_at,
-                    EXTRACT(epoch FROM lease_expires_at - clock_timestamp())::float8
-               FROM pgqueue.pgq_claim(queue => $1::text, qty => $2::int, lease => $3::text::interval,
-                                      consumer => $4::text, wait => $5::text::interval)",
-        )
-        .await?;
-    Ok((client, statement))
-}
-
 /// A claimed message and its lease (what was left of it when the claim returned).
 struct Claimed {
     msg: Message,
     lease: Duration,
 }
 
-async fn claim(client: &Client, statement: &Statement, shared: &Shared, qty: usize) -> Result<Vec<Claimed>> {
+async fn claim(client: &Client, shared: &Shared, qty: usize) -> Result<Vec<Claimed>> {
     let c = &shared.config;
-    let rows =
-        client.query(statement, &[&c.queue, &(qty as i32), &shared.lease, &shared.consumer, &interval(c.wait)]).await?;
+    // With the lease left when the claim returns: the lease granted (the queue's unless
+    // configured), as it runs from the claim (pgqueue 0.6.0 and later), also after a wait.
+    let sql = "SELECT msg_id, claim_token, attempt, priority, payload, headers, enqueued_at, lease_expires_at,
+                      EXTRACT(epoch FROM lease_expires_at - clock_timestamp())::float8
+                 FROM pgqueue.pgq_claim(queue => $1, qty => $2, lease => $3::interval, consumer => $4,
+                                        wait => $5::interval)";
+    let qty = qty as i32;
+    let wait = interval(c.wait);
+    let params: [Param; 5] = [
+        (&c.queue, Type::TEXT),
+        (&qty, Type::INT4),
+        (&shared.lease, Type::TEXT),
+        (&shared.consumer, Type::TEXT),
+        (&wait, Type::TEXT),
+    ];
+    let rows = client.query_typed(sql, &params).await?;
     let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
     Ok(rows
         .iter()
@@ -375,21 +380,26 @@ impl Shared {
         let client = self.finisher().await?;
         let row = match op {
             Op::Renew => {
-                let sql = "SELECT pgqueue.pgq_renew(msg_id => $1::bigint, claim_token => $2::uuid, lease => $3::text::interval)";
-                client.query_one(sql, &[&id, &token, &self.lease]).await?
+                let sql = "SELECT pgqueue.pgq_renew(msg_id => $1, claim_token => $2, lease => $3::interval)";
+                client
+                    .query_typed_one(sql, &[(&id, Type::INT8), (&token, Type::UUID), (&self.lease, Type::TEXT)])
+                    .await?
             }
             Op::Ack => {
-                let sql = "SELECT pgqueue.pgq_ack(msg_id => $1::bigint, claim_token => $2::uuid)";
-                client.query_one(sql, &[&id, &token]).await?
+                let sql = "SELECT pgqueue.pgq_ack(msg_id => $1, claim_token => $2)";
+                client.query_typed_one(sql, &[(&id, Type::INT8), (&token, Type::UUID)]).await?
             }
             Op::Nack { retry_in, error } => {
-                let sql = "SELECT pgqueue.pgq_nack(msg_id => $1::bigint, claim_token => $2::uuid,
-                                                   retry_in => $3::text::interval, error => $4::text)";
-                client.query_one(sql, &[&id, &token, &retry_in.map(interval), error]).await?
+                let sql = "SELECT pgqueue.pgq_nack(msg_id => $1, claim_token => $2, retry_in => $3::interval,
+                                                   error => $4)";
+                let retry_in = retry_in.map(interval);
+                let params: [Param; 4] =
+                    [(&id, Type::INT8), (&token, Type::UUID), (&retry_in, Type::TEXT), (error, Type::TEXT)];
+                client.query_typed_one(sql, &params).await?
             }
             Op::Fail { error } => {
-                let sql = "SELECT pgqueue.pgq_fail(msg_id => $1::bigint, claim_token => $2::uuid, error => $3::text)";
-                client.query_one(sql, &[&id, &token, error]).await?
+                let sql = "SELECT pgqueue.pgq_fail(msg_id => $1, claim_token => $2, error => $3)";
+                client.query_typed_one(sql, &[(&id, Type::INT8), (&token, Type::UUID), (error, Type::TEXT)]).await?
             }
         };
         Ok(row.get(0))
