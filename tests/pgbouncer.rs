@@ -692,7 +692,7 @@ fn rust_client_producers_and_workers_through_pgbouncer() {
     // How many times a handler ran for each (producer, i) of the payloads.
     let runs: Arc<Mutex<HashMap<(i64, i64), u32>>> = Arc::default();
 
-    let running: Vec<_> = (0..workers)
+    let mut running: Vec<_> = (0..workers)
         .map(|n| {
             // Waiting claims hold a server connection while they wait: short waits leave room
             // in the pool.
@@ -732,7 +732,16 @@ fn rust_client_producers_and_workers_through_pgbouncer() {
     sent.sort();
     assert_eq!(sent.len() as i64, total);
     let handled = || runs.lock().unwrap().values().sum::<u32>() as i64;
-    wait_for("every message to be handled", LIMIT * 2, || (handled() >= total).then_some(()));
+    // A worker whose run ends before it is told to stop failed (e.g. SQLSTATE 26000).
+    let stopped_early =
+        |running: &Vec<(_, tokio::task::JoinHandle<_>)>| running.iter().position(|(_, run)| run.is_finished());
+    wait_for("every message to be handled", LIMIT * 2, || {
+        (handled() >= total || stopped_early(&running).is_some()).then_some(())
+    });
+    if let Some(n) = stopped_early(&running) {
+        let run = running.swap_remove(n).1;
+        panic!("a worker stopped on its own: {:?}\n{}", rt.block_on(run), bouncer.log());
+    }
     // Counted before the workers stop: cancelling their waiting claims makes PgBouncer open a
     // server connection beyond the pool for a moment.
     let used = server_connections(&mut direct);
