@@ -627,8 +627,11 @@ fn python_producers_and_workers_through_pgbouncer() {
         .unwrap();
     let counts: (i64, i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
     assert_eq!(counts, (total, 0, total, 0, 0), "(completed, dead, distinct payloads, rolled back, left)");
-    let used = server_connections(&mut direct);
-    assert!(used <= POOL_SIZE, "{used} server connections for {} clients", producers + 2 * workers);
+    // A worker that stops cancels its waiting claim, for which PgBouncer briefly opens one more
+    // server connection (closed within a second as surplus): wait for the pool's own size.
+    wait_for(&format!("at most {POOL_SIZE} server connections for {} clients", producers + 2 * workers), LIMIT, || {
+        (server_connections(&mut direct) <= POOL_SIZE).then_some(())
+    });
 }
 
 /// One producer of the Rust client through PgBouncer: `send` (with options), `send_batch`
