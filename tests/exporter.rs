@@ -368,6 +368,36 @@ fn exporter_serves_the_queries_of_monitoring() {
 /// The alert rules and the dashboard's queries are valid PromQL, and each alert fires on the
 /// series of its trouble and not on a healthy server (monitoring/alerts.test.yml), by
 /// Debian's promtool.
+/// Without the library preloaded (or past `pgqueue.max_queues`) a queue has no shared-memory
+/// record: its metrics are served all the same, with `pgqueue_tracked` 0.
+#[test]
+fn an_untracked_queue_keeps_its_metrics() {
+    drop(common::connect()); // installs the extension into the trees
+    let server = Server::init(&common::server::bindir(common::server::this_major()), &[]);
+    server.start();
+    let mut c = server.connect("postgres");
+    c.batch_execute(
+        "CREATE EXTENSION pgqueue;
+         SELECT pgqueue.pgq_create_queue('u');
+         CREATE ROLE pgqueue_exporter LOGIN IN ROLE pg_monitor;",
+    )
+    .unwrap();
+    send(&mut c, "u", 3, "0");
+    expired_claims(&mut c, "u", 1);
+    let tracked: bool = c.query_one("SELECT tracked FROM pgqueue.queue_depth WHERE queue = 'u'", &[]).unwrap().get(0);
+    assert!(!tracked, "no shared memory without preloading");
+
+    let dsn = format!("postgresql://pgqueue_exporter@127.0.0.1:{}/postgres?sslmode=disable", server.port);
+    let exporter = Exporter::start(&dsn, server.dir.join("exporter.log"));
+    let text = exporter.scrape();
+    let (samples, _) = parse(&text);
+    let q = |name: &str| value(&samples, name, &[("queue", "u"), ("datname", "postgres")]);
+    assert_eq!(q("pgqueue_expired_claims"), 1.0, "{text}");
+    assert_eq!((q("pgqueue_tracked"), q("pgqueue_waiting_claims")), (0.0, 0.0));
+    assert!(q("pgqueue_oldest_ready_age_seconds") > 0.0);
+    assert_eq!(value(&samples, "pg_exporter_last_scrape_error", &[]), 0.0, "{text}");
+}
+
 #[test]
 fn promtool_checks_the_rules_and_the_dashboard() {
     let dir = repo().join("monitoring");
