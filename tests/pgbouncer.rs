@@ -134,6 +134,21 @@ fn setup() -> (Server, Bouncer) {
     (server, bouncer)
 }
 
+/// Of `queue`'s messages (payloads `{"p": producer, "i": n}`, n < 0 for rolled-back sends),
+/// counted on the server: (completed, dead, distinct payloads, rolled back seen, left).
+fn outcomes(direct: &mut Client, queue: &str) -> (i64, i64, i64, i64, i64) {
+    let row = direct
+        .query_one(
+            "SELECT count(*) FILTER (WHERE outcome = 'completed'), count(*) FILTER (WHERE outcome = 'dead'),
+                    count(DISTINCT (payload->>'p', payload->>'i')), count(*) FILTER (WHERE (payload->>'i')::int < 0),
+                    (SELECT count(*) FROM pgqueue.messages WHERE queue = $1)
+               FROM pgqueue.history WHERE queue = $1",
+            &[&queue],
+        )
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
+}
+
 /// Server connections PgBouncer holds now.
 fn server_connections(direct: &mut Client) -> i64 {
     direct.query_one("SELECT count(*) FROM pg_stat_activity WHERE usename = $1", &[&APP_ROLE]).unwrap().get(0)
@@ -616,17 +631,11 @@ fn python_producers_and_workers_through_pgbouncer() {
         "each message handled once, the workers stopped\n{stderr}"
     );
     // Counted on the server itself: every message completed once, nothing left or dead.
-    let row = direct
-        .query_one(
-            "SELECT count(*) FILTER (WHERE outcome = 'completed'), count(*) FILTER (WHERE outcome = 'dead'),
-                    count(DISTINCT (payload->>'p', payload->>'i')), count(*) FILTER (WHERE (payload->>'i')::int < 0),
-                    (SELECT count(*) FROM pgqueue.messages WHERE queue = 'py')
-               FROM pgqueue.history WHERE queue = 'py'",
-            &[],
-        )
-        .unwrap();
-    let counts: (i64, i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-    assert_eq!(counts, (total, 0, total, 0, 0), "(completed, dead, distinct payloads, rolled back, left)");
+    assert_eq!(
+        outcomes(&mut direct, "py"),
+        (total, 0, total, 0, 0),
+        "(completed, dead, distinct payloads, rolled back, left)"
+    );
     // A worker that stops cancels its waiting claim, for which PgBouncer briefly opens one more
     // server connection (closed within a second as surplus): wait for the pool's own size.
     wait_for(&format!("at most {POOL_SIZE} server connections for {} clients", producers + 2 * workers), LIMIT, || {
@@ -763,17 +772,11 @@ fn rust_client_producers_and_workers_through_pgbouncer() {
         (0..producers).flat_map(|p| (0..per_producer).map(move |i| ((p, i), 1))).collect();
     assert_eq!(runs, want, "each message handled once");
     // Counted on the server itself: every message completed once, nothing left or dead.
-    let row = direct
-        .query_one(
-            "SELECT count(*) FILTER (WHERE outcome = 'completed'), count(*) FILTER (WHERE outcome = 'dead'),
-                    count(DISTINCT (payload->>'p', payload->>'i')), count(*) FILTER (WHERE (payload->>'i')::int < 0),
-                    (SELECT count(*) FROM pgqueue.messages WHERE queue = 'rs')
-               FROM pgqueue.history WHERE queue = 'rs'",
-            &[],
-        )
-        .unwrap();
-    let counts: (i64, i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-    assert_eq!(counts, (total, 0, total, 0, 0), "(completed, dead, distinct payloads, rolled back, left)");
+    assert_eq!(
+        outcomes(&mut direct, "rs"),
+        (total, 0, total, 0, 0),
+        "(completed, dead, distinct payloads, rolled back, left)"
+    );
     let finished: Vec<i64> = direct
         .query("SELECT msg_id FROM pgqueue.history WHERE queue = 'rs' ORDER BY msg_id", &[])
         .unwrap()
