@@ -121,20 +121,20 @@ BEGIN
                      LIMIT pgq_claim.qty
                        FOR UPDATE SKIP LOCKED);
             ELSE
-                -- From each priority's hint, passing over what other claims took since; the
-                -- hint is raised past what this one takes at once, before the update.
+                -- From each priority's hint, each row handed to one claim (_take raises the
+                -- hint past it before this claim locks it), passing over what others took.
                 picked := '{}';
                 FOR i IN 1 .. pg_catalog.cardinality(s.priorities) LOOP
                     taken := ARRAY(
                         SELECT m.msg_id FROM pgqueue.messages m
                          WHERE m.queue = q.queue AND m.state = 'ready'
                            AND m.priority = s.priorities[i] AND m.msg_id >= s.starts[i]
-                           AND pgqueue._ahead(q.queue, s.priorities[i], m.msg_id)
+                           AND pgqueue._take(q.queue, s.priorities[i], s.epoch, m.msg_id)
                          ORDER BY m.msg_id
                          LIMIT pgq_claim.qty - pg_catalog.cardinality(picked)
                            FOR UPDATE SKIP LOCKED);
                     IF pg_catalog.cardinality(taken) > 0 THEN
-                        PERFORM pgqueue._claimed(q.queue, s.priorities[i], s.epoch, taken[1],
+                        PERFORM pgqueue._claimed(q.queue, s.priorities[i], NULL, taken[1],
                                                  taken[pg_catalog.cardinality(taken)],
                                                  pg_catalog.cardinality(taken), since + granted);
                         picked := picked || taken;

@@ -56,17 +56,56 @@ fn _claim_start(
     TableIterator::once(row)
 }
 
-/// Whether a claim scanning `queue`'s `priority` should still consider `msg_id`: false once
-/// the hint has passed it (another claim took it since this one read the hints). The claim
-/// checks this per row before it locks any: a row that a committed claim changed since the
-/// scan's snapshot would otherwise be locked in its new version (PostgreSQL re-checks the
-/// row and skips it, but keeps the lock until the transaction ends), holding up the ack of
-/// the consumer that owns it. Costly so that the planner checks it after everything else.
+/// Hands `msg_id` of `queue`'s `priority` to the claim asking, or refuses it: false once the
+/// hint has passed it (another claim took it since this one read the hints). Called per row
+/// before the claim locks any, so concurrent claims scanning from the same hint are handed
+/// different rows instead of trying each other's locks (each try goes through the lock
+/// manager, and locking a row a committed claim changed since the scan's snapshot would keep
+/// that lock until commit, holding up its owner's ack). A claim that started from hints at
+/// `epoch` raises the hint past each row it is handed, if no lowering happened since (as
+/// `_claimed` did after the whole pick); a rollback lowers it again. Costly so that the
+/// planner checks it after everything else.
+#[pg_extern(volatile, parallel_unsafe, cost = 1000)]
+fn _take(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64) -> bool {
+    let Some(key) = Key::new(queue) else { return true };
+    // PostgreSQL checks a row again once it has locked it if it changed since the snapshot:
+    // the row this claim was just handed is still its own.
+    if HANDED.get() == Some((key, priority, msg_id)) {
+        return true;
+    }
+    let epoch = epoch.filter(|_| snapshot_per_statement()).map(|e| e as u64);
+    // None: passed over; Some(raised). Untracked: handed (the claim scans from the start).
+    let taken = queue_state::with_lock(false, |table| {
+        table.entry(&key, false).map_or(Some(false), |entry| entry.take(priority, epoch, msg_id))
+    })
+    .unwrap_or(Some(false));
+    let Some(raised) = taken else { return false };
+    HANDED.set(Some((key, priority, msg_id)));
+    if raised {
+        // Rolled back, the row is claimable again: the hint comes back down to it.
+        let mut note = Note::new(key, Kind::Claimed);
+        note.priority = priority;
+        note.low = msg_id;
+        note.high = msg_id;
+        pending::record(note);
+    }
+    true
+}
+
+/// 0.6.0's pgq_claim calls this until `ALTER EXTENSION pgqueue UPDATE` replaces it (the
+/// library is updated first): whether the hint has not passed `msg_id` yet.
 #[pg_extern(volatile, parallel_unsafe, cost = 1000)]
 fn _ahead(queue: &str, priority: i16, msg_id: i64) -> bool {
     let Some(key) = Key::new(queue) else { return true };
-    queue_state::with_lock(false, |table| table.entry(&key, false).is_some_and(|e| e.passes_over(priority, msg_id)))
-        .is_none_or(|passed| !passed)
+    queue_state::with_lock(false, |table| {
+        table.entry(&key, false).is_none_or(|e| e.take(priority, None, msg_id).is_some())
+    })
+    .unwrap_or(true)
+}
+
+thread_local! {
+    /// The row `_take` last handed out in this process.
+    static HANDED: std::cell::Cell<Option<(Key, i16, i64)>> = const { std::cell::Cell::new(None) };
 }
 
 /// Readers that keep one snapshot for the whole transaction may not see messages committed

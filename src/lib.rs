@@ -20,7 +20,7 @@ mod tick;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.6.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.7.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -56,7 +56,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.6.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.7.0".into())));
     }
 
     #[pg_test]

@@ -277,7 +277,8 @@ fn apply_rollback(notes: &[Note]) {
     queue_state::with_lock(true, |table| {
         for note in notes {
             let Some(entry) = table.entry(&note.key, false) else { continue };
-            if note.kind == Kind::Claimed && note.count > 0 {
+            // (A claim's rows are noted as it is handed them, before it has claimed any.)
+            if note.kind == Kind::Claimed && note.low <= note.high {
                 entry.lower(note.priority, note.low);
                 entry.wake(note.count);
             }

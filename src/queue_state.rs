@@ -15,6 +15,8 @@ use pgrx::prelude::*;
 use std::ffi::c_void;
 use std::mem::size_of;
 use std::ptr::null_mut;
+use std::sync::atomic::AtomicI64;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Queue names are at most 40 bytes (`pgqueue._check_queue_name`).
 const NAME_LEN: usize = 44;
@@ -91,9 +93,10 @@ pub struct Entry {
     overflow: bool,
     nprio: u8,
     /// Priorities with claimable messages, highest first, and for each a msg_id below which
-    /// none of its messages is claimable.
+    /// none of its messages is claimable. Claims raise a hint under the shared lock (an
+    /// atomic max: `take`); everything else changes it under the exclusive lock.
     prio: [i16; PRIORITIES],
-    hint: [i64; PRIORITIES],
+    hint: [AtomicI64; PRIORITIES],
     /// Bumped by every lowering: a claim raises a hint only if the epoch it started from is
     /// still current, so a lowering never gets lost between a claim's scan and its raise.
     epoch: u64,
@@ -339,7 +342,7 @@ impl Entry {
         self.overflow = false;
         self.nprio = 0;
         self.prio = [0; PRIORITIES];
-        self.hint = [i64::MAX; PRIORITIES];
+        self.hint.iter().for_each(|h| h.store(i64::MAX, Relaxed));
         self.ready_commits = 0;
         self.max_ready_id = 0;
         self.next_due = DUE_UNKNOWN;
@@ -359,13 +362,17 @@ impl Entry {
             return None;
         }
         let n = usize::from(self.nprio);
-        Some((self.prio[..n].to_vec(), self.hint[..n].to_vec()))
+        Some((self.prio[..n].to_vec(), self.hints_of(n)))
     }
 
     /// Every tracked priority and its hint, known or not (for the tick's check).
     pub fn listed(&self) -> (Vec<i16>, Vec<i64>) {
         let n = usize::from(self.nprio);
-        (self.prio[..n].to_vec(), self.hint[..n].to_vec())
+        (self.prio[..n].to_vec(), self.hints_of(n))
+    }
+
+    fn hints_of(&self, n: usize) -> Vec<i64> {
+        self.hint[..n].iter().map(|h| h.load(Relaxed)).collect()
     }
 
     pub fn tracks(&self, priority: i16) -> bool {
@@ -396,17 +403,19 @@ impl Entry {
         self.epoch += 1;
         let n = usize::from(self.nprio);
         match self.prio[..n].iter().position(|&p| p == priority) {
-            Some(i) if self.hint[i] > msg_id => {
-                self.hint[i] = msg_id;
+            Some(i) if self.hint[i].load(Relaxed) > msg_id => {
+                self.hint[i].store(msg_id, Relaxed);
                 true
             }
             Some(_) => false,
             None if n < PRIORITIES => {
                 let at = self.prio[..n].iter().position(|&p| p < priority).unwrap_or(n);
-                self.prio.copy_within(at..n, at + 1);
-                self.hint.copy_within(at..n, at + 1);
+                for i in (at..n).rev() {
+                    self.prio[i + 1] = self.prio[i];
+                    self.hint[i + 1].store(self.hint[i].load(Relaxed), Relaxed);
+                }
                 self.prio[at] = priority;
-                self.hint[at] = msg_id;
+                self.hint[at].store(msg_id, Relaxed);
                 self.nprio += 1;
                 true
             }
@@ -420,17 +429,26 @@ impl Entry {
     /// Whether `msg_id` lies below `priority`'s hint (or the priority is not tracked).
     pub fn is_below(&self, priority: i16, msg_id: i64) -> bool {
         let n = usize::from(self.nprio);
-        self.prio[..n].iter().position(|&p| p == priority).is_none_or(|i| self.hint[i] > msg_id)
+        self.prio[..n].iter().position(|&p| p == priority).is_none_or(|i| self.hint[i].load(Relaxed) > msg_id)
     }
 
-    /// Whether claims may pass over `msg_id` of `priority`: the hints are valid and it lies
-    /// below that priority's hint.
-    pub fn passes_over(&self, priority: i16, msg_id: i64) -> bool {
-        if !self.hints_usable() {
-            return false;
-        }
+    /// A claim that started from the hints at `epoch` (None: it raises nothing) asks for
+    /// `msg_id` of `priority`: None if the hint has passed it (taken by another claim);
+    /// otherwise whether this claim raised the hint past it. Needs only the shared lock: the
+    /// epoch moves under the exclusive one, and of claims asking for the same row at once
+    /// the atomic max lets one through.
+    pub fn take(&self, priority: i16, epoch: Option<u64>, msg_id: i64) -> Option<bool> {
         let n = usize::from(self.nprio);
-        self.prio[..n].iter().position(|&p| p == priority).is_some_and(|i| self.hint[i] > msg_id)
+        let Some(i) = self.prio[..n].iter().position(|&p| p == priority).filter(|_| self.hints_usable()) else {
+            return Some(false);
+        };
+        if self.hint[i].load(Relaxed) > msg_id {
+            return None;
+        }
+        if epoch != Some(self.epoch) {
+            return Some(false);
+        }
+        (self.hint[i].fetch_max(msg_id.saturating_add(1), Relaxed) <= msg_id).then_some(true)
     }
 
     /// Lowers without bumping the epoch: for rows only this transaction can see yet (the
@@ -441,16 +459,19 @@ impl Entry {
         self.epoch = epoch;
     }
 
-    /// Raises `priority`'s hint to `msg_id` if no lowering happened since `epoch`.
-    pub fn raise(&mut self, priority: i16, epoch: u64, msg_id: i64) {
+    /// Raises `priority`'s hint to `msg_id` if no lowering happened since `epoch`; whether
+    /// it did.
+    pub fn raise(&mut self, priority: i16, epoch: u64, msg_id: i64) -> bool {
         if self.epoch != epoch || !self.known {
-            return;
+            return false;
         }
         let n = usize::from(self.nprio);
-        if let Some(i) = self.prio[..n].iter().position(|&p| p == priority)
-            && self.hint[i] < msg_id
-        {
-            self.hint[i] = msg_id;
+        match self.prio[..n].iter().position(|&p| p == priority) {
+            Some(i) if self.hint[i].load(Relaxed) < msg_id => {
+                self.hint[i].store(msg_id, Relaxed);
+                true
+            }
+            _ => false,
         }
     }
 
