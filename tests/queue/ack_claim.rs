@@ -1017,3 +1017,44 @@ fn ack_claim_many_consumers_overtake_only_within_concurrency() {
     let n = sent.len() as i64;
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2)), (n, n, 0));
 }
+
+/// Concurrent claims are handed rows one at a time (`pgqueue._take`, called per row before a
+/// claim locks it): a row handed to one claim is passed over by every other, without trying
+/// its lock, and comes back if that claim rolls back before it has claimed anything. The
+/// same claim may ask again (PostgreSQL re-checks a row it has locked if it changed).
+#[test]
+fn a_row_handed_to_one_claim_is_passed_over_by_others_until_it_rolls_back() {
+    let _heavy = heavy();
+    let db = ordering_db();
+    let mut a = connect_to(&db);
+    let mut b = connect_to(&db);
+    let q = unique_queue("ackc_hand");
+    a.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
+    let ids = send_many(&mut a, &q, 3);
+    use_hints(&mut a, &q, true);
+    let take = |c: &mut Client, id: i64| -> bool {
+        c.query_one(
+            "SELECT pgqueue._take($1, 0::smallint, (SELECT epoch FROM pgqueue._claim_start($1)), $2)",
+            &[&q, &id],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let start = |c: &mut Client| -> i64 {
+        c.query_one("SELECT starts[1] FROM pgqueue._claim_start($1)", &[&q]).unwrap().get(0)
+    };
+    assert_eq!(start(&mut b), ids[0]);
+
+    a.batch_execute("BEGIN").unwrap();
+    assert!(take(&mut a, ids[0]), "the first claim to ask is handed the row");
+    assert!(take(&mut a, ids[0]), "and may ask again");
+    assert!(!take(&mut b, ids[0]), "another claim is not handed it");
+    assert_eq!(start(&mut b), ids[1], "claims now start past it");
+    let got: Vec<i64> = claim(&mut b, &q, 2, "1 hour").iter().map(|x| x.0).collect();
+    assert_eq!(got, ids[1..].to_vec(), "a claim takes the rows after it, without waiting for it");
+
+    a.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(start(&mut b), ids[0], "the rollback brings the hint back down");
+    let got: Vec<i64> = claim(&mut b, &q, 2, "1 hour").iter().map(|x| x.0).collect();
+    assert_eq!(got, vec![ids[0]], "the row handed out and rolled back is claimed");
+}
