@@ -46,7 +46,11 @@ $$;
 -- claimable, or until wait has passed.
 -- Its statements run their generic plans (index scans whatever the arguments): left to
 -- choose, PostgreSQL would plan them anew on every call (their LIMIT is a parameter), and
--- planning cost more than running them.
+-- planning cost more than running them. The pick must read the index in order and stop at
+-- its LIMIT, because _take hands out each row it is asked about: a bitmap scan and a sort
+-- (the generic plan with some statistics, or with a session's enable_indexscan off) would
+-- ask about every ready row first, each then passed over by every claim until the worker's
+-- check. Hence the planner settings.
 CREATE FUNCTION pgqueue.pgq_claim(
     queue text,
     qty integer DEFAULT 1,
@@ -65,7 +69,8 @@ CREATE FUNCTION pgqueue.pgq_claim(
     lease_expires_at timestamptz
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan
+SET enable_indexscan = on SET enable_bitmapscan = off SET enable_sort = off AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queues;

@@ -20,7 +20,11 @@ AS 'MODULE_PATHNAME', '_take_wrapper';
 -- claimable, or until wait has passed.
 -- Its statements run their generic plans (index scans whatever the arguments): left to
 -- choose, PostgreSQL would plan them anew on every call (their LIMIT is a parameter), and
--- planning cost more than running them.
+-- planning cost more than running them. The pick must read the index in order and stop at
+-- its LIMIT, because _take hands out each row it is asked about: a bitmap scan and a sort
+-- (the generic plan with some statistics, or with a session's enable_indexscan off) would
+-- ask about every ready row first, each then passed over by every claim until the worker's
+-- check. Hence the planner settings.
 CREATE OR REPLACE FUNCTION pgqueue.pgq_claim(
     queue text,
     qty integer DEFAULT 1,
@@ -39,7 +43,8 @@ CREATE OR REPLACE FUNCTION pgqueue.pgq_claim(
     lease_expires_at timestamptz
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan
+SET enable_indexscan = on SET enable_bitmapscan = off SET enable_sort = off AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queues;
@@ -150,6 +155,5 @@ BEGIN
     END LOOP;
 END
 $$;
-
 
 REVOKE ALL ON FUNCTION pgqueue._take(text, smallint, bigint, bigint) FROM PUBLIC;

@@ -1058,3 +1058,26 @@ fn a_row_handed_to_one_claim_is_passed_over_by_others_until_it_rolls_back() {
     let got: Vec<i64> = claim(&mut b, &q, 2, "1 hour").iter().map(|x| x.0).collect();
     assert_eq!(got, vec![ids[0]], "the row handed out and rolled back is claimed");
 }
+
+/// A claim asks `_take` only about the rows it goes on to lock: its pick reads the index in
+/// order and stops at its LIMIT, whatever the session's planner settings (a plan that sorts
+/// would ask about every ready row first, and the hint would pass them all).
+#[test]
+fn a_claim_is_handed_only_what_it_takes_whatever_the_planner_settings() {
+    let _heavy = heavy();
+    let db = ordering_db();
+    let mut c = connect_to(&db);
+    let q = unique_queue("ackc_plan");
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
+    let ids = send_many(&mut c, &q, 200);
+    use_hints(&mut c, &q, true);
+    c.batch_execute("SET enable_indexscan = off; SET enable_seqscan = off").unwrap();
+    let start = |c: &mut Client| -> i64 {
+        c.query_one("SELECT starts[1] FROM pgqueue._claim_start($1)", &[&q]).unwrap().get(0)
+    };
+    for (n, qty) in [(0usize, 1i32), (1, 3), (4, 1)] {
+        let got: Vec<i64> = claim(&mut c, &q, qty, "1 hour").iter().map(|x| x.0).collect();
+        assert_eq!(got, ids[n..n + qty as usize].to_vec(), "claims go on in order");
+        assert_eq!(start(&mut c), ids[n + qty as usize], "the hint passed only what was claimed");
+    }
+}
