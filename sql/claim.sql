@@ -50,7 +50,8 @@ $$;
 -- its LIMIT, because _take hands out each row it is asked about: a bitmap scan and a sort
 -- (the generic plan with some statistics, or with a session's enable_indexscan off) would
 -- ask about every ready row first, each then passed over by every claim until the worker's
--- check. Hence the planner settings.
+-- check. Hence the planner settings; and no JIT: before PostgreSQL 18 a disabled sort (the
+-- result's, which nothing else can give) adds a huge cost, enough to compile each statement.
 CREATE FUNCTION pgqueue.pgq_claim(
     queue text,
     qty integer DEFAULT 1,
@@ -70,7 +71,7 @@ CREATE FUNCTION pgqueue.pgq_claim(
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
-SET enable_indexscan = on SET enable_bitmapscan = off SET enable_sort = off AS $$
+SET enable_indexscan = on SET enable_bitmapscan = off SET enable_sort = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     q pgqueue.queues;

@@ -417,3 +417,40 @@ fn a_pinned_horizon_does_not_make_the_rearm_pass_walk_dead_entries() {
     assert!(read <= 5 * 20, "{summary}");
     eprintln!("{summary}");
 }
+
+/// pgq_claim's statements are never JIT-compiled, whatever the session's JIT settings: its
+/// planner settings (no sort, no bitmap scan: see `sql/claim.sql`) add, before PostgreSQL 18,
+/// a huge cost to the sort of its result, which would otherwise compile every claim (100 ms
+/// each). Where the server has JIT (`pg_jit_available()`, Debian's 15 here), a statement of
+/// the session itself is shown to be compiled, so the check can see it.
+#[test]
+fn claims_are_not_jit_compiled() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut c, notices) = explaining_session("SET jit = on; SET jit_above_cost = 0");
+    let q = unique_queue("nojit");
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
+    c.execute("SELECT count(*) FROM pgqueue.pgq_send_batch($1, ARRAY['{}', '{}']::jsonb[])", &[&q]).unwrap();
+    c.execute("SELECT count(*) FROM pgqueue.pgq_tick()", &[]).unwrap(); // claim hints
+    let compiled = |c: &mut Client, sql: &str| -> (usize, usize) {
+        notices.lock().unwrap().clear();
+        let mut tx = c.transaction().unwrap();
+        tx.query(sql, &[&q]).unwrap();
+        tx.rollback().unwrap();
+        // The plans of the statements run inside the call (or, for a plain statement, its own).
+        let docs: Vec<Value> = notices
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|n| serde_json::from_str::<Value>(&n[n.find('{')?..]).ok())
+            .filter(|d| d.get("Plan").is_some() && (!sql.contains("pgq_claim") || d["Query Text"] != sql))
+            .collect();
+        (docs.len(), docs.iter().filter(|d| d.get("JIT").is_some()).count())
+    };
+    let (plans, jitted) = compiled(&mut c, "SELECT * FROM pgqueue.pgq_claim($1, 2)");
+    assert!(plans >= 4, "the claim's statements were seen: {plans}");
+    assert_eq!(jitted, 0, "of the claim's {plans} statements {jitted} were JIT-compiled");
+    if c.query_one("SELECT pg_jit_available()", &[]).unwrap().get::<_, bool>(0) {
+        let (_, jitted) = compiled(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1");
+        assert!(jitted > 0, "a statement of the session is compiled: the check sees JIT");
+    }
+}
