@@ -116,8 +116,9 @@ fn snapshot_per_statement() -> bool {
 }
 
 /// A claim took `n` messages of `priority` (ids `low` to `high`, leases ending from `expiry`):
-/// raise the hint past them (if the claim started from hints at `epoch`), and lower it again
-/// if this rolls back; at commit the re-arm pass learns of them.
+/// raise the hint past them (if the claim started from hints at `epoch`: 0.6.0's claim; since
+/// 0.7.0 `_take` raises it row by row and the epoch is NULL), and lower it again if this rolls
+/// back; at commit the re-arm pass learns of them.
 #[pg_extern(volatile, parallel_unsafe)]
 fn _claimed(
     queue: &str,
