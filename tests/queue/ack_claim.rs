@@ -839,6 +839,11 @@ fn use_hints(c: &mut Client, q: &str, hinted: bool) {
     assert_eq!(has, hinted, "claims of {q} scan from hints: {hinted}");
 }
 
+/// Where claims of `q` start scanning its only priority (its hint).
+fn hint(c: &mut Client, q: &str) -> i64 {
+    c.query_one("SELECT starts[1] FROM pgqueue._claim_start($1)", &[&q]).unwrap().get(0)
+}
+
 /// What is guaranteed to a single consumer: each claim returns the first `qty` claimable
 /// messages in (priority descending, msg_id ascending) order — strict priority, FIFO
 /// within a priority — across calls and within a batch, with pgq_claim and with
@@ -1040,21 +1045,18 @@ fn a_row_handed_to_one_claim_is_passed_over_by_others_until_it_rolls_back() {
         .unwrap()
         .get(0)
     };
-    let start = |c: &mut Client| -> i64 {
-        c.query_one("SELECT starts[1] FROM pgqueue._claim_start($1)", &[&q]).unwrap().get(0)
-    };
-    assert_eq!(start(&mut b), ids[0]);
+    assert_eq!(hint(&mut b, &q), ids[0]);
 
     a.batch_execute("BEGIN").unwrap();
     assert!(take(&mut a, ids[0]), "the first claim to ask is handed the row");
     assert!(take(&mut a, ids[0]), "and may ask again");
     assert!(!take(&mut b, ids[0]), "another claim is not handed it");
-    assert_eq!(start(&mut b), ids[1], "claims now start past it");
+    assert_eq!(hint(&mut b, &q), ids[1], "claims now start past it");
     let got: Vec<i64> = claim(&mut b, &q, 2, "1 hour").iter().map(|x| x.0).collect();
     assert_eq!(got, ids[1..].to_vec(), "a claim takes the rows after it, without waiting for it");
 
     a.batch_execute("ROLLBACK").unwrap();
-    assert_eq!(start(&mut b), ids[0], "the rollback brings the hint back down");
+    assert_eq!(hint(&mut b, &q), ids[0], "the rollback brings the hint back down");
     let got: Vec<i64> = claim(&mut b, &q, 2, "1 hour").iter().map(|x| x.0).collect();
     assert_eq!(got, vec![ids[0]], "the row handed out and rolled back is claimed");
 }
@@ -1072,12 +1074,9 @@ fn a_claim_is_handed_only_what_it_takes_whatever_the_planner_settings() {
     let ids = send_many(&mut c, &q, 200);
     use_hints(&mut c, &q, true);
     c.batch_execute("SET enable_indexscan = off; SET enable_seqscan = off").unwrap();
-    let start = |c: &mut Client| -> i64 {
-        c.query_one("SELECT starts[1] FROM pgqueue._claim_start($1)", &[&q]).unwrap().get(0)
-    };
     for (n, qty) in [(0usize, 1i32), (1, 3), (4, 1)] {
         let got: Vec<i64> = claim(&mut c, &q, qty, "1 hour").iter().map(|x| x.0).collect();
         assert_eq!(got, ids[n..n + qty as usize].to_vec(), "claims go on in order");
-        assert_eq!(start(&mut c), ids[n + qty as usize], "the hint passed only what was claimed");
+        assert_eq!(hint(&mut c, &q), ids[n + qty as usize], "the hint passed only what was claimed");
     }
 }
