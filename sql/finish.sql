@@ -3,45 +3,12 @@
 -- claimable again is announced to the shared state (pgqueue._note), applied at commit.
 
 -- Moves messages out of the hot table into their queue's history, as completed or dead, in
--- one statement. With claim_tokens, only the claims still held under those tokens move (the
--- fence); without (NULL), the given messages move. Returns the ids that moved.
--- PL/pgSQL rather than SQL: its statements' plans are cached across calls. And always the
--- generic plan (a lookup by primary key whatever the ids): left to choose, PostgreSQL plans
--- this statement anew on every call, which costs more than running it.
+-- one statement (src/finish.rs, which pgq_ack_claim runs too). With claim_tokens, only the
+-- claims still held under those tokens move (the fence); without (NULL), the given messages
+-- move. Returns the ids that moved.
 CREATE FUNCTION pgqueue._to_history(msg_ids bigint[], claim_tokens uuid[], outcome text, error text DEFAULT NULL)
 RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
-#variable_conflict use_variable
-BEGIN
-    RETURN QUERY
-    WITH gone AS (
-        DELETE FROM pgqueue.messages m
-         USING unnest(msg_ids, claim_tokens) AS u(id, token)
-         WHERE m.msg_id = u.id AND (claim_tokens IS NULL OR (m.claim_token = u.token AND m.state = 'claimed'))
-        RETURNING m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
-                  m.last_error, m.dedup_key
-    ), released AS (
-        -- Unique jobs: a finished message's key is free again, or kept for its hold.
-        DELETE FROM pgqueue.dedup_keys d USING gone g
-         WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
-           AND d.msg_id = g.msg_id AND d.hold = interval '0'
-    ), held AS (
-        UPDATE pgqueue.dedup_keys d SET expires_at = now() + d.hold FROM gone g
-         WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
-           AND d.msg_id = g.msg_id AND d.hold > interval '0'
-    ), kept AS (
-        INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, headers,
-                                     enqueued_at, last_error)
-        SELECT g.msg_id, g.queue, outcome, g.priority, g.attempt, g.payload, g.headers,
-               g.enqueued_at, coalesce(error, g.last_error)
-          FROM gone g
-        RETURNING history.msg_id
-    ), noted AS (
-        SELECT pgqueue._note(g.queue, count(*), g.state, NULL) FROM gone g GROUP BY g.queue, g.state
-    )
-    SELECT k.msg_id FROM kept k, (SELECT count(*) FROM noted) n ORDER BY k.msg_id;
-END
-$$;
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', '_to_history_wrapper';
 
 CREATE FUNCTION pgqueue.pgq_ack(msg_ids bigint[], claim_tokens uuid[]) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

@@ -4,9 +4,14 @@
 
 use crate::pending::{self, Kind, Note};
 use crate::queue_state::{self, DUE_NEVER, Key, State};
-use pgrx::datum::TimestampWithTimeZone;
+use crate::statement::Statement;
+use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
+use pgrx::pgrx_sql_entity_graph::metadata::{
+    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
+};
 use pgrx::prelude::*;
+use pgrx::{AnyArray, Uuid};
 
 /// Where a claim on `queue` starts: the priorities that may have claimable messages, highest
 /// first, and the msg_id to start each at (NULL: scan from the start, as without shared
@@ -26,6 +31,21 @@ fn _claim_start(
         name!(promote, bool),
     ),
 > {
+    let s = start(queue);
+    let (priorities, starts) = s.hints.map(|h| h.into_iter().unzip()).unzip();
+    TableIterator::once((priorities, starts, s.epoch, s.seq, s.promote))
+}
+
+/// Where a claim starts (see `_claim_start`).
+struct Start {
+    /// Per priority that may have claimable messages, highest first: the msg_id to start at.
+    hints: Option<Vec<(i16, i64)>>,
+    epoch: Option<i64>,
+    seq: Option<i64>,
+    promote: bool,
+}
+
+fn start(queue: &str) -> Start {
     let state = Key::new(queue).and_then(|key| {
         queue_state::with_lock(false, |table| {
             table.entry(&key, false).map(|e| (e.hints(), e.epoch(), e.wake_seq(), e.next_due()))
@@ -38,22 +58,21 @@ fn _claim_start(
             .flatten()
         })
     });
-    let row = match state {
-        None => (None, None, None, None, true),
+    match state {
+        None => Start { hints: None, epoch: None, seq: None, promote: true },
         Some((hints, epoch, seq, next_due)) => {
             // SAFETY: a plain read; now() in SQL is this same timestamp.
             let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
-            let (priorities, starts) = hints.unzip();
+            let hints = hints.map(|(priorities, starts)| priorities.into_iter().zip(starts).collect());
             // Messages this transaction itself sent (or made claimable) are below no hint
             // yet: scan from the start, and raise nothing.
             if Key::new(queue).is_some_and(|key| pending::makes_ready_uncommitted(&key)) {
-                (None, None, None, Some(seq as i64), now >= next_due)
+                Start { hints: None, epoch: None, seq: Some(seq as i64), promote: now >= next_due }
             } else {
-                (priorities, starts, Some(epoch as i64), Some(seq as i64), now >= next_due)
+                Start { hints, epoch: Some(epoch as i64), seq: Some(seq as i64), promote: now >= next_due }
             }
         }
-    };
-    TableIterator::once(row)
+    }
 }
 
 /// Hands `msg_id` of `queue`'s `priority` to the claim asking, or refuses it: false once the
@@ -133,14 +152,7 @@ fn _claimed(
     if n <= 0 {
         return false;
     }
-    let mut note = Note::new(key, Kind::Claimed);
-    note.priority = priority;
-    note.low = low;
-    note.high = high;
-    note.count = n;
-    note.expiry = expiry.map_or(i64::MIN, pg_sys::TimestampTz::from);
-    note.moved(n, Some(State::Ready), Some(State::Claimed));
-    pending::record(note);
+    claimed_note(key, priority, low, high, n, expiry.map_or(i64::MIN, pg_sys::TimestampTz::from));
     if let Some(epoch) = epoch
         && snapshot_per_statement()
     {
@@ -151,6 +163,19 @@ fn _claimed(
         });
     }
     true
+}
+
+/// Notes `n` messages of `priority` claimed (ids `low` to `high`, leases ending from
+/// `expiry`): at commit the re-arm pass learns of them; a rollback makes them claimable.
+fn claimed_note(key: Key, priority: i16, low: i64, high: i64, n: i64, expiry: pg_sys::TimestampTz) {
+    let mut note = Note::new(key, Kind::Claimed);
+    note.priority = priority;
+    note.low = low;
+    note.high = high;
+    note.count = n;
+    note.expiry = expiry;
+    note.moved(n, Some(State::Ready), Some(State::Claimed));
+    pending::record(note);
 }
 
 /// The epoch a promotion starts from (read before its snapshot).
@@ -179,4 +204,385 @@ fn _due_after(queue: &str, epoch: Option<i64>, next: Option<TimestampWithTimeZon
         pending::record(note);
     }
     raised
+}
+
+/// jsonb as it is stored (payload, headers), handed on without a conversion.
+pub struct Jsonb(pg_sys::Datum);
+
+impl IntoDatum for Jsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+// SAFETY: returns the datum as it is (it lives in the caller's context).
+unsafe impl pgrx::callconv::BoxRet for Jsonb {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+        unsafe { fcinfo.return_raw_datum(self.0) }
+    }
+}
+
+// SAFETY: a jsonb datum, declared as jsonb.
+unsafe impl SqlTranslatable for Jsonb {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(Jsonb);
+    const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
+    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+}
+
+/// A claimed message, as pgq_claim returns it.
+type Claimed = (i64, Uuid, i32, i16, Jsonb, Option<Jsonb>, TimestampWithTimeZone, TimestampWithTimeZone);
+
+use pg_sys::{BOOLOID, INT2OID, INT4OID, INT8ARRAYOID, INT8OID, INTERVALOID, TEXTOID, TIMESTAMPTZOID, UUIDARRAYOID};
+
+const QUEUE: Statement =
+    Statement { sql: c"SELECT q.lease, q.paused FROM pgqueue.queues q WHERE q.queue = $1", args: &[TEXTOID] };
+/// Raises the queue's error (no such queue, a bad name); or it was created meanwhile.
+const QUEUE_OR_ERROR: Statement =
+    Statement { sql: c"SELECT q.lease, q.paused FROM pgqueue._queue($1) q", args: &[TEXTOID] };
+const PROMOTE: Statement = Statement { sql: c"SELECT pgqueue._promote_due($1, 1000)", args: &[TEXTOID] };
+/// Without hints: from the start of the queue's claimable rows.
+const PICK: Statement = Statement {
+    sql: c"SELECT m.msg_id FROM pgqueue.messages m
+            WHERE m.queue = $1 AND m.state = 'ready'
+            ORDER BY m.priority DESC, m.msg_id
+            LIMIT $2
+              FOR UPDATE SKIP LOCKED",
+    args: &[TEXTOID, INT4OID],
+};
+/// From a priority's hint, each row handed to one claim (_take raises the hint past it
+/// before this claim locks it), passing over what others took. The plan must read the index
+/// in order and stop at its LIMIT (see pgq_claim's settings).
+const PICK_FROM: Statement = Statement {
+    sql: c"SELECT m.msg_id FROM pgqueue.messages m
+            WHERE m.queue = $1 AND m.state = 'ready' AND m.priority = $2 AND m.msg_id >= $3
+              AND pgqueue._take($1, $2, $4, m.msg_id)
+            ORDER BY m.msg_id
+            LIMIT $5
+              FOR UPDATE SKIP LOCKED",
+    args: &[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID],
+};
+const CLAIM: Statement = Statement {
+    sql: c"UPDATE pgqueue.messages m
+              SET state = 'claimed', claim_token = pg_catalog.gen_random_uuid(), attempt = m.attempt + 1,
+                  claimed_at = $2, lease_expires_at = $2 + $3, consumer = $4,
+                  session_pid = $5, session_started = $6
+            WHERE m.msg_id = ANY ($1)
+           RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
+                     m.enqueued_at, m.lease_expires_at",
+    args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID],
+};
+const BACKEND_START: Statement =
+    Statement { sql: c"SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity($1) a", args: &[INT4OID] };
+const DEADLINE: Statement = Statement { sql: c"SELECT pg_catalog.clock_timestamp() + $1", args: &[INTERVALOID] };
+// The checks: run only when an argument is wrong (or may be), they raise its error.
+const CHECK_QTY: Statement = Statement {
+    sql: c"SELECT pgqueue._invalid('qty', pg_catalog.format('%s is not between 1 and 1000', pgqueue._require($1, 'qty')))",
+    args: &[INT4OID],
+};
+const CHECK_LEASE: Statement = Statement { sql: c"SELECT pgqueue._check_lease($1)", args: &[INTERVALOID] };
+const CHECK_SESSION_BOUND: Statement =
+    Statement { sql: c"SELECT pgqueue._require($1, 'session_bound')", args: &[BOOLOID] };
+const CHECK_WAIT: Statement = Statement { sql: c"SELECT pgqueue._check_wait($1)", args: &[INTERVALOID] };
+const CHECK_ACKS: Statement = Statement {
+    sql: c"SELECT pgqueue._check_pairs($1, $2, 'ack_msg_ids', 'ack_claim_tokens')",
+    args: &[INT8ARRAYOID, UUIDARRAYOID],
+};
+
+const DAY_US: i128 = 86_400_000_000;
+
+/// What a claim was asked for (pgq_claim's arguments).
+struct Ask<'a> {
+    queue: Option<&'a str>,
+    qty: Option<i32>,
+    lease: Option<Interval>,
+    consumer: Option<&'a str>,
+    session_bound: Option<bool>,
+    wait: Option<Interval>,
+}
+
+/// The queue's lease and whether it is paused; raises the queue's error if there is none.
+fn queue_settings(queue: Option<&str>) -> (Interval, bool) {
+    let read = |statement: &Statement| {
+        let rows = statement.run(&[queue.into_datum()]);
+        (rows.len() > 0).then(|| (rows.get::<Interval>(0, 1).expect("lease"), rows.get::<bool>(0, 2).expect("paused")))
+    };
+    read(&QUEUE).or_else(|| read(&QUEUE_OR_ERROR)).expect("pgqueue._queue raises or returns the queue")
+}
+
+fn raise(check: &Statement, args: &[Option<pg_sys::Datum>]) {
+    check.run(args);
+}
+
+/// pgq_claim: checks, then claim attempts (and sleeps between them while waiting) until
+/// something is claimed or the wait is over. `outer`: where the rows it returns must live.
+fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
+    let (mut lease, mut paused) = queue_settings(ask.queue);
+    let queue = ask.queue.expect("a queue was found");
+    let qty = match ask.qty {
+        Some(qty @ 1..=1000) => qty,
+        _ => {
+            raise(&CHECK_QTY, &[ask.qty.into_datum()]);
+            error!("pgqueue: qty is out of range")
+        }
+    };
+    if let Some(l) = ask.lease
+        && !(1..=DAY_US).contains(&l.as_micros())
+    {
+        raise(&CHECK_LEASE, &[l.into_datum()]);
+    }
+    let (bound_pid, bound_start) = match ask.session_bound {
+        None => {
+            raise(&CHECK_SESSION_BOUND, &[None]);
+            error!("pgqueue: session_bound must not be NULL")
+        }
+        Some(false) => (None, None),
+        Some(true) => {
+            // SAFETY: a plain read of this process's pid.
+            let pid = unsafe { pg_sys::MyProcPid };
+            let rows = BACKEND_START.run(&[pid.into_datum()]);
+            (Some(pid), (rows.len() > 0).then(|| rows.get::<TimestampWithTimeZone>(0, 1)).flatten())
+        }
+    };
+    // None: a single attempt.
+    let deadline = match ask.wait {
+        Some(w) if w.as_micros() == 0 => None,
+        _ => {
+            raise(&CHECK_WAIT, &[ask.wait.into_datum()]);
+            let rows = DEADLINE.run(&[ask.wait.into_datum()]);
+            rows.get::<TimestampWithTimeZone>(0, 1)
+        }
+    };
+    // A lease runs from the claim, not from the statement's start: after a wait longer than
+    // the lease, now() + lease would hand out a lease that has already ended.
+    // SAFETY: plain reads of the transaction's start time.
+    let mut since = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    loop {
+        let granted = ask.lease.unwrap_or(lease);
+        // Read before the claim's snapshot: what it reports is what this attempt can see.
+        let mut s = start(queue);
+        if !paused {
+            if s.promote && PROMOTE.run(&[queue.into_datum()]).get::<i64>(0, 1).unwrap_or(0) > 0 {
+                s = start(queue);
+            }
+            let picked = pick(queue, &s, qty);
+            if !picked.is_empty() {
+                return claim_picked(queue, ask.consumer, &picked, since, granted, (bound_pid, bound_start), outer);
+            }
+        }
+        let Some(deadline) = deadline else { return vec![] };
+        // SAFETY: reads the clock.
+        if unsafe { pg_sys::GetCurrentTimestamp() } >= deadline.into() {
+            return vec![];
+        }
+        // Nothing yet: sleep until a commit makes messages of this queue claimable (or the
+        // queue is resumed), then try again; one last try at the deadline.
+        crate::wait::sleep(queue, s.seq, deadline);
+        // SAFETY: reads the clock.
+        since = unsafe { pg_sys::GetCurrentTimestamp() };
+        (lease, paused) = queue_settings(ask.queue);
+    }
+}
+
+/// Locks up to `qty` claimable rows, highest priority first, FIFO within a priority.
+fn pick(queue: &str, s: &Start, qty: i32) -> Vec<i64> {
+    let Some(hints) = &s.hints else {
+        let rows = PICK.run(&[queue.into_datum(), qty.into_datum()]);
+        return (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
+    };
+    let mut picked = vec![];
+    for &(priority, from) in hints {
+        let want = qty - picked.len() as i32;
+        let rows = PICK_FROM.run(&[
+            queue.into_datum(),
+            priority.into_datum(),
+            from.into_datum(),
+            s.epoch.into_datum(),
+            want.into_datum(),
+        ]);
+        picked.extend((0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)));
+        if picked.len() as i32 >= qty {
+            break;
+        }
+    }
+    picked
+}
+
+/// Claims the picked rows; notes per priority what was claimed (the re-arm pass learns of
+/// the leases at commit; a rollback makes them claimable again).
+fn claim_picked(
+    queue: &str,
+    consumer: Option<&str>,
+    picked: &[i64],
+    since: pg_sys::TimestampTz,
+    granted: Interval,
+    (bound_pid, bound_start): (Option<i32>, Option<TimestampWithTimeZone>),
+    outer: pg_sys::MemoryContext,
+) -> Vec<Claimed> {
+    let rows = CLAIM.run(&[
+        picked.to_vec().into_datum(),
+        since.into_datum(),
+        granted.into_datum(),
+        consumer.into_datum(),
+        bound_pid.into_datum(),
+        bound_start.into_datum(),
+    ]);
+    let mut claimed: Vec<Claimed> = (0..rows.len())
+        .map(|r| {
+            (
+                rows.get::<i64>(r, 1).expect("msg_id"),
+                rows.get::<Uuid>(r, 2).expect("claim_token"),
+                rows.get::<i32>(r, 3).expect("attempt"),
+                rows.get::<i16>(r, 4).expect("priority"),
+                Jsonb(rows.copy_into(r, 5, outer).expect("payload")),
+                rows.copy_into(r, 6, outer).map(Jsonb),
+                rows.get::<TimestampWithTimeZone>(r, 7).expect("enqueued_at"),
+                rows.get::<TimestampWithTimeZone>(r, 8).expect("lease_expires_at"),
+            )
+        })
+        .collect();
+    claimed.sort_by_key(|c| (std::cmp::Reverse(c.3), c.0));
+    if let Some(key) = Key::new(queue) {
+        for group in claimed.chunk_by(|a, b| a.3 == b.3) {
+            let expiry = group.iter().map(|c| pg_sys::TimestampTz::from(c.7)).min();
+            let (low, high) = (group[0].0, group[group.len() - 1].0);
+            claimed_note(key, group[0].3, low, high, group.len() as i64, expiry.unwrap_or(i64::MIN));
+        }
+    }
+    claimed
+}
+
+/// Whether an ack pair of arrays may be wrong (NULL, not one-dimensional, of different
+/// lengths, with NULLs): then _check_pairs decides. Returns the number of pairs otherwise.
+fn ack_pairs(ids: Option<pg_sys::Datum>, tokens: Option<pg_sys::Datum>) -> Option<usize> {
+    let shape = |d: pg_sys::Datum| {
+        // SAFETY: an array argument (bigint[] or uuid[]), detoasted to read its header.
+        unsafe {
+            let a = pg_sys::pg_detoast_datum(d.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+            let ndim = (*a).ndim;
+            let dims = (a as *const u8).add(std::mem::size_of::<pg_sys::ArrayType>()) as *mut i32;
+            (ndim, pg_sys::ArrayGetNItems(ndim, dims) as usize, (*a).dataoffset != 0)
+        }
+    };
+    let ((nd_i, n_i, nulls_i), (nd_t, n_t, nulls_t)) = (shape(ids?), shape(tokens?));
+    (nd_i <= 1 && nd_t <= 1 && n_i == n_t && !nulls_i && !nulls_t).then_some(n_i)
+}
+
+/// pgq_claim (sql/claim.sql declares it).
+#[pg_extern(sql = false)]
+#[allow(clippy::type_complexity)]
+fn pgq_claim(
+    queue: Option<&str>,
+    qty: Option<i32>,
+    lease: Option<Interval>,
+    consumer: Option<&str>,
+    session_bound: Option<bool>,
+    wait: Option<Interval>,
+) -> TableIterator<
+    'static,
+    (
+        name!(msg_id, i64),
+        name!(claim_token, Uuid),
+        name!(attempt, i32),
+        name!(priority, i16),
+        name!(payload, Jsonb),
+        name!(headers, Option<Jsonb>),
+        name!(enqueued_at, TimestampWithTimeZone),
+        name!(lease_expires_at, TimestampWithTimeZone),
+    ),
+> {
+    // SAFETY: the context the rows returned must live in (this call's, for every row).
+    let outer = unsafe { pg_sys::CurrentMemoryContext };
+    let ask = Ask { queue, qty, lease, consumer, session_bound, wait };
+    TableIterator::new(Spi::connect_mut(|_| claim(&ask, outer)))
+}
+
+/// pgq_ack_claim (sql/claim.sql declares it).
+#[pg_extern(sql = false)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+fn pgq_ack_claim(
+    queue: Option<&str>,
+    ack_msg_ids: Option<AnyArray>,
+    ack_claim_tokens: Option<AnyArray>,
+    qty: Option<i32>,
+    lease: Option<Interval>,
+    consumer: Option<&str>,
+    session_bound: Option<bool>,
+    wait: Option<Interval>,
+) -> TableIterator<
+    'static,
+    (
+        name!(kind, &'static str),
+        name!(msg_id, Option<i64>),
+        name!(claim_token, Option<Uuid>),
+        name!(attempt, Option<i32>),
+        name!(priority, Option<i16>),
+        name!(payload, Option<Jsonb>),
+        name!(headers, Option<Jsonb>),
+        name!(enqueued_at, Option<TimestampWithTimeZone>),
+        name!(lease_expires_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    // SAFETY: as in pgq_claim.
+    let outer = unsafe { pg_sys::CurrentMemoryContext };
+    let (ids, tokens) = (ack_msg_ids.map(|a| a.datum()), ack_claim_tokens.map(|a| a.datum()));
+    let rows = Spi::connect_mut(|_| {
+        let n = match ack_pairs(ids, tokens) {
+            Some(n) => n,
+            None => {
+                // Raises, unless the arrays only looked wrong (a NULL bitmap without NULLs).
+                CHECK_ACKS.run(&[ids, tokens]);
+                ack_pairs_checked(ids)
+            }
+        };
+        let mut rows = vec![];
+        let mut wait = wait;
+        if n > 0 {
+            let acked = crate::finish::to_history(ids, tokens, Some("completed"), None);
+            if acked.len() < n {
+                // SAFETY: a bigint[] argument, checked above.
+                let all = unsafe { Array::<i64>::from_datum(ids.expect("checked"), false) }.expect("checked");
+                let mut reported = std::collections::HashSet::new();
+                for id in all.iter().flatten() {
+                    if acked.binary_search(&id).is_err() && reported.insert(id) {
+                        rows.push(("not_acked", Some(id), None, None, None, None, None, None, None));
+                    }
+                }
+            }
+            // The acks commit with the call, and their report must not come late: a call
+            // with something to ack does not wait for messages.
+            if wait.is_none_or(|w| w.as_micros() != 0) {
+                CHECK_WAIT.run(&[wait.into_datum()]);
+                wait = Some(Interval::from_micros(0));
+            }
+        }
+        let ask = Ask { queue, qty, lease, consumer, session_bound, wait };
+        rows.extend(claim(&ask, outer).into_iter().map(
+            |(id, token, attempt, priority, payload, headers, at, until)| {
+                (
+                    "claimed",
+                    Some(id),
+                    Some(token),
+                    Some(attempt),
+                    Some(priority),
+                    Some(payload),
+                    headers,
+                    Some(at),
+                    Some(until),
+                )
+            },
+        ));
+        rows
+    });
+    TableIterator::new(rows)
+}
+
+/// The number of ack pairs, once _check_pairs has passed them.
+fn ack_pairs_checked(ids: Option<pg_sys::Datum>) -> usize {
+    // SAFETY: a bigint[] argument _check_pairs accepted (not NULL, one dimension).
+    unsafe { Array::<i64>::from_datum(ids.expect("checked"), false) }.map_or(0, |a| a.len())
 }

@@ -10,17 +10,19 @@
 use pgrx::prelude::*;
 
 mod claim;
+mod finish;
 mod guc;
 mod pending;
 mod queue_state;
 mod reconcile;
 mod schedule;
 mod schema;
+mod statement;
 mod tick;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.7.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.8.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -56,7 +58,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.7.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.8.0".into())));
     }
 
     #[pg_test]

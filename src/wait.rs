@@ -45,6 +45,11 @@ const FALLBACK_STEP_MS: i64 = 50;
 /// usual error; postmaster death ends the process.
 #[pg_extern(volatile, parallel_unsafe)]
 fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> bool {
+    sleep(queue, seen, deadline)
+}
+
+/// `_wait`, for the claim.
+pub fn sleep(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> bool {
     let deadline = pg_sys::TimestampTz::from(deadline);
     let key = Key::new(queue);
     // Take a place among the sleepers: the entry cannot be removed while we are one.

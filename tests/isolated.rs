@@ -447,7 +447,8 @@ fn claims_are_not_jit_compiled() {
         (docs.len(), docs.iter().filter(|d| d.get("JIT").is_some()).count())
     };
     let (plans, jitted) = compiled(&mut c, "SELECT * FROM pgqueue.pgq_claim($1, 2)");
-    assert!(plans >= 4, "the claim's statements were seen: {plans}");
+    // The queue's settings, the pick, the update (0.8.0; before, PL/pgSQL ran five).
+    assert!(plans >= 3, "the claim's statements were seen: {plans}");
     assert_eq!(jitted, 0, "of the claim's {plans} statements {jitted} were JIT-compiled");
     if c.query_one("SELECT pg_jit_available()", &[]).unwrap().get::<_, bool>(0) {
         let (_, jitted) = compiled(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1");

@@ -487,6 +487,66 @@ fn ack_claim_with_empty_arrays_is_a_plain_claim() {
     assert!(ack_claim(&mut c, &q, &[], ", qty => 1000").claimed.is_empty(), "nothing left");
 }
 
+/// Payloads and headers come back exactly as they were sent, whatever their size: large
+/// ones are stored out of line (TOAST), numbers keep every digit, both functions, and a row
+/// returned by one statement is still whole after its message is acked in the next.
+#[test]
+fn claims_return_payloads_as_sent_large_ones_too() {
+    let mut c = connect();
+    let q = new_queue(&mut c, "");
+    // ~300 kB that does not compress: stored out of line.
+    let big: String = (0..20_000u64).map(|i| format!("{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15))).collect();
+    // As text: serde_json would round the long number.
+    let sent: [(String, Option<String>); 3] = [
+        (json!({ "big": big, "n": 1 }).to_string(), Some(json!({ "h": big.len() }).to_string())),
+        (r#"{"n": 12345678901234567890.12345678901234567890}"#.into(), None),
+        (json!({ "small": [1, "two", null, true] }).to_string(), Some(json!({ "big": big }).to_string())),
+    ];
+    for (payload, headers) in &sent {
+        c.execute("SELECT pgqueue.pgq_send($1, $2::text::jsonb, headers => $3::text::jsonb)", &[&q, payload, headers])
+            .unwrap();
+    }
+    let stored = |c: &mut Client, id: i64| -> (String, Option<String>) {
+        let r =
+            c.query_one("SELECT payload::text, headers::text FROM pgqueue.messages WHERE msg_id = $1", &[&id]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    let mut tx = c.transaction().unwrap();
+    let first = tx
+        .query_one("SELECT msg_id, claim_token, payload::text, headers::text FROM pgqueue.pgq_claim($1)", &[&q])
+        .unwrap();
+    let (id, token): (i64, Uuid) = (first.get(0), first.get(1));
+    // Kept by the client, then compared after the ack (same transaction) deleted the row.
+    let (payload, headers): (String, Option<String>) = (first.get(2), first.get(3));
+    let kept = tx
+        .query(
+            "SELECT kind, msg_id, payload::text, headers::text
+               FROM pgqueue.pgq_ack_claim($1, ARRAY[$2::bigint], ARRAY[$3::uuid], qty => 2)",
+            &[&q, &id, &token],
+        )
+        .unwrap();
+    tx.commit().unwrap();
+    let canonical =
+        |c: &mut Client, v: &String| -> String { c.query_one("SELECT $1::text::jsonb::text", &[v]).unwrap().get(0) };
+    assert_eq!(payload, canonical(&mut c, &sent[0].0));
+    assert_eq!(headers, sent[0].1.as_ref().map(|h| canonical(&mut c, h)));
+    assert_eq!(kept.len(), 2, "two claimed: {kept:?}");
+    for (row, (p, h)) in kept.iter().zip(&sent[1..]) {
+        assert_eq!(row.get::<_, String>(0), "claimed");
+        let id: i64 = row.get(1);
+        let (sp, sh) = stored(&mut c, id);
+        assert_eq!(row.get::<_, String>(2), sp, "as stored");
+        assert_eq!(row.get::<_, Option<String>>(3), sh);
+        assert_eq!(sp, canonical(&mut c, p));
+        assert_eq!(sh, h.as_ref().map(|h| canonical(&mut c, h)));
+    }
+    assert!(
+        kept[0].get::<_, String>(2).contains("12345678901234567890.12345678901234567890"),
+        "every digit: {}",
+        kept[0].get::<_, String>(2)
+    );
+}
+
 /// A paused queue: the call acks (acks are by id and token) but claims nothing.
 #[test]
 fn ack_claim_on_a_paused_queue_acks_and_claims_nothing() {

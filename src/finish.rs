@@ -1,0 +1,63 @@
+//! Finishing messages: the one statement that moves them out of the hot table into their
+//! queue's history (`pgqueue._to_history`, which ack, nack, fail and pgq_ack_claim use).
+
+use crate::statement::Statement;
+use pgrx::AnyArray;
+use pgrx::pg_sys::{self, INT8ARRAYOID, TEXTOID, UUIDARRAYOID};
+use pgrx::prelude::*;
+
+/// With claim tokens, only the claims still held under them move (the fence); without
+/// (NULL), the given messages move. Unique jobs: a finished message's key is free again, or
+/// kept for its hold. Announces what left each state (pgqueue._note, applied at commit).
+const TO_HISTORY: Statement = Statement {
+    sql: c"WITH gone AS (
+               DELETE FROM pgqueue.messages m
+                USING unnest($1, $2) AS u(id, token)
+                WHERE m.msg_id = u.id AND ($2 IS NULL OR (m.claim_token = u.token AND m.state = 'claimed'))
+               RETURNING m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
+                         m.last_error, m.dedup_key
+           ), released AS (
+               DELETE FROM pgqueue.dedup_keys d USING gone g
+                WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
+                  AND d.msg_id = g.msg_id AND d.hold = interval '0'
+           ), held AS (
+               UPDATE pgqueue.dedup_keys d SET expires_at = pg_catalog.now() + d.hold FROM gone g
+                WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
+                  AND d.msg_id = g.msg_id AND d.hold > interval '0'
+           ), kept AS (
+               INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, headers,
+                                            enqueued_at, last_error)
+               SELECT g.msg_id, g.queue, $3, g.priority, g.attempt, g.payload, g.headers,
+                      g.enqueued_at, coalesce($4, g.last_error)
+                 FROM gone g
+               RETURNING history.msg_id
+           ), noted AS (
+               SELECT pgqueue._note(g.queue, count(*), g.state, NULL) FROM gone g GROUP BY g.queue, g.state
+           )
+           SELECT k.msg_id FROM kept k, (SELECT count(*) FROM noted) n ORDER BY k.msg_id",
+    args: &[INT8ARRAYOID, UUIDARRAYOID, TEXTOID, TEXTOID],
+};
+
+/// Moves the messages (bigint[] `msg_ids`, uuid[] `tokens`) to history as `outcome`, inside
+/// an SPI connection; returns the ids that moved, in order.
+pub fn to_history(
+    msg_ids: Option<pg_sys::Datum>,
+    tokens: Option<pg_sys::Datum>,
+    outcome: Option<&str>,
+    error: Option<&str>,
+) -> Vec<i64> {
+    let rows = TO_HISTORY.run(&[msg_ids, tokens, outcome.into_datum(), error.into_datum()]);
+    (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect()
+}
+
+#[pg_extern(sql = false)]
+fn _to_history(
+    msg_ids: Option<AnyArray>,
+    claim_tokens: Option<AnyArray>,
+    outcome: Option<&str>,
+    error: Option<&str>,
+) -> SetOfIterator<'static, i64> {
+    let moved =
+        Spi::connect_mut(|_| to_history(msg_ids.map(|a| a.datum()), claim_tokens.map(|a| a.datum()), outcome, error));
+    SetOfIterator::new(moved)
+}

@@ -1,0 +1,120 @@
+//! Statements the hot paths (claim, ack) run through SPI, each prepared once per process and
+//! kept: no interpreter, no re-parsing, and always the generic plan (the same whatever the
+//! arguments; left to choose, PostgreSQL would plan some of them anew on every call, which
+//! costs more than running them). PostgreSQL re-plans a kept statement itself when what it
+//! reads changes (an index added, the extension re-created).
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::ffi::CStr;
+
+pub struct Statement {
+    pub sql: &'static CStr,
+    pub args: &'static [pg_sys::Oid],
+}
+
+thread_local! {
+    /// Kept plans, by the address of their statement's text.
+    static KEPT: RefCell<Vec<(usize, pg_sys::SPIPlanPtr)>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Statement {
+    fn plan(&self) -> pg_sys::SPIPlanPtr {
+        let key = self.sql.as_ptr() as usize;
+        if let Some(plan) = KEPT.with_borrow(|kept| kept.iter().find(|(k, _)| *k == key).map(|(_, p)| *p)) {
+            return plan;
+        }
+        // SAFETY: inside an SPI connection (run's caller); the text and types outlive the call.
+        let plan = unsafe {
+            pg_sys::SPI_prepare_cursor(
+                self.sql.as_ptr(),
+                self.args.len() as i32,
+                self.args.as_ptr().cast_mut(),
+                pg_sys::CURSOR_OPT_GENERIC_PLAN as i32,
+            )
+        };
+        if plan.is_null() {
+            error!("pgqueue: could not prepare a statement: SPI error {}", unsafe { pg_sys::SPI_result });
+        }
+        // SAFETY: a plan SPI_prepare_cursor just made; kept for the life of the process.
+        unsafe { pg_sys::SPI_keepplan(plan) };
+        KEPT.with_borrow_mut(|kept| kept.push((key, plan)));
+        plan
+    }
+
+    /// Runs the statement with `args` (None: NULL), inside an SPI connection, with a new
+    /// snapshot (as any statement of a volatile function).
+    pub fn run(&self, args: &[Option<pg_sys::Datum>]) -> Rows {
+        debug_assert_eq!(args.len(), self.args.len());
+        let plan = self.plan();
+        let mut values: Vec<pg_sys::Datum> = args.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0))).collect();
+        let nulls: Vec<std::ffi::c_char> = args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as _).collect();
+        // SAFETY: the plan is kept; values and nulls have the plan's argument count. (A
+        // statement that returns no rows leaves SPI_tuptable as it was.)
+        let status = unsafe {
+            pg_sys::SPI_tuptable = std::ptr::null_mut();
+            pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0)
+        };
+        if status < 0 {
+            error!("pgqueue: a statement failed: SPI error {status}");
+        }
+        // SAFETY: set by the execution just done.
+        unsafe { Rows { table: pg_sys::SPI_tuptable, n: pg_sys::SPI_processed as usize } }
+    }
+}
+
+/// What a statement returned; freed when dropped.
+pub struct Rows {
+    table: *mut pg_sys::SPITupleTable,
+    n: usize,
+}
+
+impl Rows {
+    pub fn len(&self) -> usize {
+        if self.table.is_null() { 0 } else { self.n }
+    }
+
+    /// Column `col` (from 1) of row `row` (from 0), as it is: pointing into this result.
+    pub fn datum(&self, row: usize, col: i32) -> Option<pg_sys::Datum> {
+        assert!(row < self.len());
+        let mut is_null = false;
+        // SAFETY: row is within the table; SPI_getbinval checks the column number.
+        let datum = unsafe {
+            let tuple = *(*self.table).vals.add(row);
+            pg_sys::SPI_getbinval(tuple, (*self.table).tupdesc, col, &mut is_null)
+        };
+        (!is_null).then_some(datum)
+    }
+
+    /// Column `col` of row `row`, as a Rust value (copied out of this result).
+    pub fn get<T: FromDatum>(&self, row: usize, col: i32) -> Option<T> {
+        // SAFETY: the statements' result types are fixed by their text, and callers ask for
+        // the matching Rust type.
+        self.datum(row, col).and_then(|d| unsafe { T::from_polymorphic_datum(d, false, pg_sys::InvalidOid) })
+    }
+
+    /// Column `col` of row `row` copied into `context`, to outlive this result (a varlena
+    /// column, such as jsonb).
+    pub fn copy_into(&self, row: usize, col: i32, context: pg_sys::MemoryContext) -> Option<pg_sys::Datum> {
+        self.datum(row, col).map(|d| {
+            // SAFETY: d is a varlena from this result (possibly a pointer to its TOASTed
+            // value, which stays valid: the row still holds it); copied byte for byte.
+            unsafe {
+                let size = pgrx::varlena::varsize_any(d.cast_mut_ptr());
+                let copy = pg_sys::MemoryContextAlloc(context, size);
+                std::ptr::copy_nonoverlapping(d.cast_mut_ptr::<u8>(), copy.cast::<u8>(), size);
+                pg_sys::Datum::from(copy)
+            }
+        })
+    }
+}
+
+impl Drop for Rows {
+    fn drop(&mut self) {
+        if !self.table.is_null() {
+            // SAFETY: the table of the execution that made this value, freed once.
+            unsafe { pg_sys::SPI_freetuptable(self.table) };
+        }
+    }
+}
