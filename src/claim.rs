@@ -1,12 +1,15 @@
-//! The claim's use of the shared state (`sql/claim.sql` calls these): where to start
-//! scanning each priority, raising the hints past what was claimed, and whether delayed
-//! messages may be due.
+//! The claim: `pgq_claim` and `pgq_ack_claim` (declared in `sql/claim.sql`), a few kept
+//! statements around the shared state, and that state's side of it: where to start scanning
+//! each priority, handing rows out one at a time, noting what was claimed, and whether
+//! delayed messages may be due.
 
 use crate::pending::{self, Kind, Note};
 use crate::queue_state::{self, DUE_NEVER, Key, State};
 use crate::statement::Statement;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
-use pgrx::pg_sys;
+use pgrx::pg_sys::{
+    self, BOOLOID, INT2OID, INT4OID, INT8ARRAYOID, INT8OID, INTERVALOID, TEXTOID, TIMESTAMPTZOID, UUIDARRAYOID,
+};
 use pgrx::pgrx_sql_entity_graph::metadata::{
     ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
 };
@@ -236,8 +239,6 @@ unsafe impl SqlTranslatable for Jsonb {
 
 /// A claimed message, as pgq_claim returns it.
 type Claimed = (i64, Uuid, i32, i16, Jsonb, Option<Jsonb>, TimestampWithTimeZone, TimestampWithTimeZone);
-
-use pg_sys::{BOOLOID, INT2OID, INT4OID, INT8ARRAYOID, INT8OID, INTERVALOID, TEXTOID, TIMESTAMPTZOID, UUIDARRAYOID};
 
 const QUEUE: Statement =
     Statement { sql: c"SELECT q.lease, q.paused FROM pgqueue.queues q WHERE q.queue = $1", args: &[TEXTOID] };

@@ -5,7 +5,9 @@
 //! `tick` what it does. The shared-memory core: `queue_state` (per-queue hints, due times,
 //! depths and wake-ups), `pending` (what a transaction changes there at commit or abort),
 //! `claim` and `wait` (the claim's side of it), `reconcile` (the tick's check of it).
-//! `schedule` computes the times of periodic schedules, which the tick fires.
+//! The hot paths are Rust: `claim` (pgq_claim, pgq_ack_claim) and `finish` (the move to
+//! history), over statements `statement` keeps prepared. `schedule` computes the times of
+//! periodic schedules, which the tick fires.
 
 use pgrx::prelude::*;
 
