@@ -240,14 +240,14 @@ unsafe impl SqlTranslatable for Jsonb {
 /// A claimed message, as pgq_claim returns it.
 type Claimed = (i64, Uuid, i32, i16, Jsonb, Option<Jsonb>, TimestampWithTimeZone, TimestampWithTimeZone);
 
-const QUEUE: Statement =
+static QUEUE: Statement =
     Statement { sql: c"SELECT q.lease, q.paused FROM pgqueue.queues q WHERE q.queue = $1", args: &[TEXTOID] };
 /// Raises the queue's error (no such queue, a bad name); or it was created meanwhile.
-const QUEUE_OR_ERROR: Statement =
+static QUEUE_OR_ERROR: Statement =
     Statement { sql: c"SELECT q.lease, q.paused FROM pgqueue._queue($1) q", args: &[TEXTOID] };
-const PROMOTE: Statement = Statement { sql: c"SELECT pgqueue._promote_due($1, 1000)", args: &[TEXTOID] };
+static PROMOTE: Statement = Statement { sql: c"SELECT pgqueue._promote_due($1, 1000)", args: &[TEXTOID] };
 /// Without hints: from the start of the queue's claimable rows.
-const PICK: Statement = Statement {
+static PICK: Statement = Statement {
     sql: c"SELECT m.msg_id FROM pgqueue.messages m
             WHERE m.queue = $1 AND m.state = 'ready'
             ORDER BY m.priority DESC, m.msg_id
@@ -258,7 +258,7 @@ const PICK: Statement = Statement {
 /// From a priority's hint, each row handed to one claim (_take raises the hint past it
 /// before this claim locks it), passing over what others took. The plan must read the index
 /// in order and stop at its LIMIT (see pgq_claim's settings).
-const PICK_FROM: Statement = Statement {
+static PICK_FROM: Statement = Statement {
     sql: c"SELECT m.msg_id FROM pgqueue.messages m
             WHERE m.queue = $1 AND m.state = 'ready' AND m.priority = $2 AND m.msg_id >= $3
               AND pgqueue._take($1, $2, $4, m.msg_id)
@@ -267,7 +267,7 @@ const PICK_FROM: Statement = Statement {
               FOR UPDATE SKIP LOCKED",
     args: &[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID],
 };
-const CLAIM: Statement = Statement {
+static CLAIM: Statement = Statement {
     sql: c"UPDATE pgqueue.messages m
               SET state = 'claimed', claim_token = pg_catalog.gen_random_uuid(), attempt = m.attempt + 1,
                   claimed_at = $2, lease_expires_at = $2 + $3, consumer = $4,
@@ -277,19 +277,19 @@ const CLAIM: Statement = Statement {
                      m.enqueued_at, m.lease_expires_at",
     args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID],
 };
-const BACKEND_START: Statement =
+static BACKEND_START: Statement =
     Statement { sql: c"SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity($1) a", args: &[INT4OID] };
-const DEADLINE: Statement = Statement { sql: c"SELECT pg_catalog.clock_timestamp() + $1", args: &[INTERVALOID] };
+static DEADLINE: Statement = Statement { sql: c"SELECT pg_catalog.clock_timestamp() + $1", args: &[INTERVALOID] };
 // The checks: run only when an argument is wrong (or may be), they raise its error.
-const CHECK_QTY: Statement = Statement {
+static CHECK_QTY: Statement = Statement {
     sql: c"SELECT pgqueue._invalid('qty', pg_catalog.format('%s is not between 1 and 1000', pgqueue._require($1, 'qty')))",
     args: &[INT4OID],
 };
-const CHECK_LEASE: Statement = Statement { sql: c"SELECT pgqueue._check_lease($1)", args: &[INTERVALOID] };
-const CHECK_SESSION_BOUND: Statement =
+static CHECK_LEASE: Statement = Statement { sql: c"SELECT pgqueue._check_lease($1)", args: &[INTERVALOID] };
+static CHECK_SESSION_BOUND: Statement =
     Statement { sql: c"SELECT pgqueue._require($1, 'session_bound')", args: &[BOOLOID] };
-const CHECK_WAIT: Statement = Statement { sql: c"SELECT pgqueue._check_wait($1)", args: &[INTERVALOID] };
-const CHECK_ACKS: Statement = Statement {
+static CHECK_WAIT: Statement = Statement { sql: c"SELECT pgqueue._check_wait($1)", args: &[INTERVALOID] };
+static CHECK_ACKS: Statement = Statement {
     sql: c"SELECT pgqueue._check_pairs($1, $2, 'ack_msg_ids', 'ack_claim_tokens')",
     args: &[INT8ARRAYOID, UUIDARRAYOID],
 };

@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 /// With claim tokens, only the claims still held under them move (the fence); without
 /// (NULL), the given messages move. Unique jobs: a finished message's key is free again, or
 /// kept for its hold. Announces what left each state (pgqueue._note, applied at commit).
-const TO_HISTORY: Statement = Statement {
+static TO_HISTORY: Statement = Statement {
     sql: c"WITH gone AS (
                DELETE FROM pgqueue.messages m
                 USING unnest($1, $2) AS u(id, token)

@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::ffi::CStr;
 
+/// A statement and its argument types; a `static`, whose address names its kept plan.
 pub struct Statement {
     pub sql: &'static CStr,
     pub args: &'static [pg_sys::Oid],

@@ -547,6 +547,40 @@ fn claims_return_payloads_as_sent_large_ones_too() {
     );
 }
 
+/// The claim and the ack keep their statements prepared for the connection's life: a session
+/// that outlives its extension (dropped and created again, so every table and function has a
+/// new oid) goes on claiming and acking without an error, and sees only the new queue.
+#[test]
+fn a_session_claims_on_after_the_extension_is_created_again() {
+    let mut admin = connect();
+    let db = format!("ackc_again_{}", std::process::id());
+    admin.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+    let mut c = connect_to(&db);
+    let round = |c: &mut Client, n: i64| {
+        c.batch_execute("CREATE EXTENSION pgqueue; SELECT pgqueue.pgq_create_queue('again')").unwrap();
+        let sent: i64 =
+            c.query_one("SELECT pgqueue.pgq_send('again', jsonb_build_object('n', $1::bigint))", &[&n]).unwrap().get(0);
+        let r = c.query_one("SELECT msg_id, claim_token, payload->>'n' FROM pgqueue.pgq_claim('again')", &[]).unwrap();
+        assert_eq!((r.get::<_, i64>(0), r.get::<_, String>(2)), (sent, n.to_string()));
+        let token: Uuid = r.get(1);
+        let next = c
+            .query(
+                "SELECT kind FROM pgqueue.pgq_ack_claim('again', ARRAY[$1::bigint], ARRAY[$2::uuid])",
+                &[&sent, &token],
+            )
+            .unwrap();
+        assert!(next.is_empty(), "acked, nothing else to claim: {next:?}");
+        let done: i64 = c.query_one("SELECT count(*) FROM pgqueue.history WHERE msg_id = $1", &[&sent]).unwrap().get(0);
+        assert_eq!(done, 1);
+        c.batch_execute("DROP EXTENSION pgqueue CASCADE").unwrap();
+    };
+    for n in 1..=3 {
+        round(&mut c, n);
+    }
+    drop(c);
+    admin.batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).unwrap();
+}
+
 /// A paused queue: the call acks (acks are by id and token) but claims nothing.
 #[test]
 fn ack_claim_on_a_paused_queue_acks_and_claims_nothing() {
