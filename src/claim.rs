@@ -16,10 +16,11 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 use pgrx::prelude::*;
 use pgrx::{AnyArray, Uuid};
 
-/// Where a claim on `queue` starts: the priorities that may have claimable messages, highest
-/// first, and the msg_id to start each at (NULL: scan from the start, as without shared
-/// memory); the epoch to raise hints with; the wake-up count a waiting claim compares with;
-/// whether delayed messages may be due (promote first).
+/// Where a claim on `queue` starts (the claim itself calls `start`; this is for earlier
+/// releases' SQL and for looking at the shared state): the priorities that may have
+/// claimable messages, highest first, and the msg_id to start each at (NULL: scan from the
+/// start, as without shared memory); the epoch to raise hints with; the wake-up count a
+/// waiting claim compares with; whether delayed messages may be due (promote first).
 #[pg_extern(volatile, parallel_unsafe)]
 #[allow(clippy::type_complexity)]
 fn _claim_start(
@@ -49,7 +50,8 @@ struct Start {
 }
 
 fn start(queue: &str) -> Start {
-    let state = Key::new(queue).and_then(|key| {
+    let key = Key::new(queue);
+    let state = key.and_then(|key| {
         queue_state::with_lock(false, |table| {
             table.entry(&key, false).map(|e| (e.hints(), e.epoch(), e.wake_seq(), e.next_due()))
         })
@@ -69,7 +71,7 @@ fn start(queue: &str) -> Start {
             let hints = hints.map(|(priorities, starts)| priorities.into_iter().zip(starts).collect());
             // Messages this transaction itself sent (or made claimable) are below no hint
             // yet: scan from the start, and raise nothing.
-            if Key::new(queue).is_some_and(|key| pending::makes_ready_uncommitted(&key)) {
+            if key.is_some_and(|key| pending::makes_ready_uncommitted(&key)) {
                 Start { hints: None, epoch: None, seq: Some(seq as i64), promote: now >= next_due }
             } else {
                 Start { hints, epoch: Some(epoch as i64), seq: Some(seq as i64), promote: now >= next_due }
@@ -140,7 +142,9 @@ fn snapshot_per_statement() -> bool {
 /// A claim took `n` messages of `priority` (ids `low` to `high`, leases ending from `expiry`):
 /// raise the hint past them (if the claim started from hints at `epoch`: 0.6.0's claim; since
 /// 0.7.0 `_take` raises it row by row and the epoch is NULL), and lower it again if this rolls
-/// back; at commit the re-arm pass learns of them.
+/// back; at commit the re-arm pass learns of them. Since 0.8.0 the claim (Rust) notes its rows
+/// itself (`claimed_note`): this stays for 0.6.0's and 0.7.0's SQL, which call it until
+/// `ALTER EXTENSION pgqueue UPDATE`.
 #[pg_extern(volatile, parallel_unsafe)]
 fn _claimed(
     queue: &str,

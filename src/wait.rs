@@ -48,7 +48,8 @@ fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> boo
     sleep(queue, seen, deadline)
 }
 
-/// `_wait`, for the claim.
+/// `_wait`, as the claim calls it (`_wait` stays for 0.7.0's SQL, which calls it until
+/// `ALTER EXTENSION pgqueue UPDATE`).
 pub fn sleep(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> bool {
     let deadline = pg_sys::TimestampTz::from(deadline);
     let key = Key::new(queue);
