@@ -114,12 +114,37 @@ BEGIN
 END
 $$;
 
+-- How many rows a history partition holds, and the latest finished_at among them, for
+-- pgq_prune (which holds the partition locked). Counted 64 pages at a time: one scan of a
+-- large partition held the consumers' claims and acks up for 10-20 ms on a 2-core machine,
+-- short ones did not (BENCHMARKS.md, "Prune while consumers run").
+CREATE FUNCTION pgqueue._count_history_part(part regclass, OUT n bigint, OUT newest timestamptz)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    pages bigint := pg_catalog.pg_relation_size(part) / pg_catalog.current_setting('block_size')::bigint;
+    first bigint := 0;
+    k bigint;
+    latest timestamptz;
+BEGIN
+    n := 0;
+    WHILE first < pages LOOP
+        EXECUTE pg_catalog.format('SELECT count(*), max(finished_at) FROM %s WHERE ctid >= $1 AND ctid < $2', part)
+           INTO k, latest
+          USING pg_catalog.format('(%s,0)', first)::tid, pg_catalog.format('(%s,0)', first + 64)::tid;
+        n := n + k;
+        newest := greatest(newest, latest);
+        first := first + 64;
+    END LOOP;
+END
+$$;
+
 -- Removes each queue's completed and dead-lettered messages past its retention, a whole day
 -- partition at a time: it is truncated, and dropped empty by a later prune. Acks insert
 -- through the queue's history into today's partition, so neither step makes them wait:
 -- truncating locks only the old partition, and the drop (which must lock the queue's
 -- history too) takes its locks only if they are free at once, last, and only in a call that
--- truncated nothing, so that its commit has no data to unlink. Lock waits are bounded
+-- truncated nothing, so that its commit has no data to unlink; the truncated partition's old
+-- files are freed at commit a few megabytes at a time (src/prune.rs). Lock waits are bounded
 -- by pgqueue.prune_lock_timeout. One row per queue and partition:
 --   pruned          the partition was emptied (rows: how many it held)
 --   noop            nothing of this queue is past its retention
@@ -195,13 +220,14 @@ BEGIN
                     PERFORM set_config('lock_timeout', timeout, true);
                     EXECUTE format('LOCK TABLE ONLY pgqueue.%I IN ACCESS EXCLUSIVE MODE', part.name);
                     PERFORM set_config('lock_timeout', '5s', true);
-                    EXECUTE format('SELECT count(*), max(finished_at) FROM pgqueue.%I', part.name)
-                       INTO n, newest;
+                    SELECT c.n, c.newest INTO n, newest
+                      FROM pgqueue._count_history_part(format('pgqueue.%I', part.name)::regclass) c;
                     IF n = 0 AND part.day IS NOT NULL THEN
                         empties := empties || ARRAY[[parent::text, format('pgqueue.%I', part.name)]];
                     END IF;
                     -- The default partition only once everything in it is past.
                     CONTINUE WHEN n = 0 OR newest > cutoff;
+                    PERFORM pgqueue._free_in_steps(format('pgqueue.%I', part.name)::regclass);
                     EXECUTE format('TRUNCATE pgqueue.%I', part.name);
                     truncated := true;
                     r.target := part.name;

@@ -15,6 +15,7 @@ mod claim;
 mod finish;
 mod guc;
 mod pending;
+mod prune;
 mod queue_state;
 mod reconcile;
 mod schedule;
@@ -24,7 +25,7 @@ mod tick;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.8.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.9.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -33,6 +34,7 @@ pub extern "C-unwind" fn _PG_init() {
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     guc::init(preloading);
     pending::init();
+    prune::init();
     let binary_upgrade = unsafe { pg_sys::IsBinaryUpgrade };
     // Loaded into a single session (no preload): the SQL API works, but a worker can only
     // be registered while the postmaster loads `shared_preload_libraries`.
@@ -60,7 +62,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.8.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.9.0".into())));
     }
 
     #[pg_test]

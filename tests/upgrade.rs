@@ -135,6 +135,11 @@ fn alter_extension_update_from_0_7_0_equals_a_fresh_install() {
     update_from("0.7.0");
 }
 
+#[test]
+fn alter_extension_update_from_0_8_0_equals_a_fresh_install() {
+    update_from("0.8.0");
+}
+
 /// Creates the extension at an earlier release (`sql/releases/`), fills it, updates it to
 /// this build's version, and compares it with a fresh install.
 fn update_from(previous: &str) {

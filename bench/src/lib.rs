@@ -1625,6 +1625,8 @@ impl Bench {
         ))
         .unwrap();
         self.fill(&mut c, System::Pgqueue, n.min(50_000), "0");
+        // Five days old: long since written out by checkpoints.
+        c.batch_execute("CHECKPOINT").unwrap();
         let size = |c: &mut Client| -> i64 {
             c.query_one(
                 "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
