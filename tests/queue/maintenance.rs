@@ -149,3 +149,140 @@ fn every_history_partition_has_its_dead_letter_index() {
         assert_eq!(index, Some(format!("pgqueue.\"{leaf}_dead\"")), "{leaf}");
     }
 }
+
+/// Whether this kernel says how much of a file it holds unwritten (`cachestat`, Linux 6.5 and
+/// later on x86_64 and aarch64): only then are truncated partitions freed in steps.
+fn kernel_says_what_is_unwritten() -> bool {
+    if !cfg!(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))) {
+        return false;
+    }
+    let file = std::fs::File::open("/proc/self/exe").unwrap();
+    let (range, mut stat) = ([0u64; 2], [0u64; 5]);
+    // SAFETY: both buffers are laid out as the kernel's structs and outlive the call.
+    unsafe { libc::syscall(451, std::os::fd::AsRawFd::as_raw_fd(&file), range.as_ptr(), stat.as_mut_ptr(), 0) == 0 }
+}
+
+/// A partition of many pages is counted exactly (in runs of 64 pages), and its old files are
+/// freed in steps at the prune's commit once they are written out.
+#[test]
+fn a_large_partition_is_counted_exactly_and_freed_in_steps() {
+    let notices = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+    let mut c = crate::common::connect_with_notices(notices.clone());
+    crate::common::disable_worker();
+    let (q, part) = queue_with_old_history(&mut c, 50_000);
+    let pages: i64 =
+        c.query_one("SELECT pg_relation_size(format('pgqueue.%I', $1::text)) / 8192", &[&part]).unwrap().get(0);
+    assert!(pages > 4 * 64, "the partition spans several runs of 64 pages: {pages}");
+    let path: String =
+        c.query_one("SELECT pg_relation_filepath(format('pgqueue.%I', $1::text))", &[&part]).unwrap().get(0);
+    c.batch_execute("CHECKPOINT; SET client_min_messages = debug1").unwrap();
+    notices.lock().unwrap().clear();
+    assert_eq!(prune(&mut c, &q), vec![(part.clone(), "pruned".to_string(), 50_000)]);
+    c.batch_execute("RESET client_min_messages").unwrap();
+    let said: Vec<String> = notices.lock().unwrap().iter().filter(|n| n.contains(&path)).cloned().collect();
+    assert_eq!(said.len(), 1, "one word on the partition's old files: {said:?}");
+    if kernel_says_what_is_unwritten() {
+        let steps = (pages as u64 * 8192).div_ceil(2 << 20);
+        assert_eq!(said[0], format!("pgqueue: {path} freed in {steps} steps"));
+    } else {
+        assert!(said[0].contains("left to PostgreSQL"), "{said:?}");
+    }
+    let kept: i64 = c.query_one("SELECT count(*) FROM pgqueue.history WHERE queue = $1", &[&q]).unwrap().get(0);
+    assert_eq!(kept, 0);
+}
+
+/// Freeing in steps touches only files that a commit deletes. Randomized: tables whose files
+/// are noted or not, truncated or not, in savepoints rolled back or not, in transactions
+/// committed or rolled back. After each round every table holds exactly the rows it should
+/// (counted from its files: a file cut short shows as missing pages), and every committed
+/// truncate of a noted table was freed (or left to PostgreSQL).
+#[test]
+fn freeing_in_steps_touches_only_what_a_commit_deletes() {
+    let notices = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+    let mut c = crate::common::connect_with_notices(notices.clone());
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let mut rng = seed;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    const TABLES: usize = 6;
+    let fill = |c: &mut crate::common::Client, t: usize| {
+        c.batch_execute(&format!(
+            "INSERT INTO free_steps_{t} SELECT g, repeat('x', 200) FROM generate_series(1, 12000) g"
+        ))
+        .unwrap();
+    };
+    for t in 0..TABLES {
+        c.batch_execute(&format!(
+            "DROP TABLE IF EXISTS free_steps_{t}; CREATE TABLE free_steps_{t} (id int, pad text)"
+        ))
+        .unwrap();
+        fill(&mut c, t);
+    }
+    let mut rows = [12_000i64; TABLES];
+    let mut freed = 0;
+    for round in 0..16 {
+        c.batch_execute("CHECKPOINT; SET client_min_messages = debug1; BEGIN").unwrap();
+        notices.lock().unwrap().clear();
+        let commit = next(4) != 0;
+        let mut truncated = [false; TABLES];
+        let mut noted_paths = vec![];
+        for (t, done) in truncated.iter_mut().enumerate() {
+            let table = format!("free_steps_{t}");
+            if next(3) != 0 {
+                let path: String =
+                    c.query_one("SELECT pg_relation_filepath($1::text::regclass)", &[&table]).unwrap().get(0);
+                c.execute("SELECT pgqueue._free_in_steps($1::text::regclass)", &[&table]).unwrap();
+                noted_paths.push((t, path));
+            }
+            match next(3) {
+                0 => {}
+                1 => {
+                    c.batch_execute(&format!("SAVEPOINT s; TRUNCATE {table}; ROLLBACK TO SAVEPOINT s")).unwrap();
+                }
+                _ => {
+                    c.batch_execute(&format!("SAVEPOINT s; TRUNCATE {table}; RELEASE SAVEPOINT s")).unwrap();
+                    *done = true;
+                }
+            }
+        }
+        c.batch_execute(if commit { "COMMIT" } else { "ROLLBACK" }).unwrap();
+        c.batch_execute("RESET client_min_messages").unwrap();
+        let said = notices.lock().unwrap().clone();
+        for (t, path) in &noted_paths {
+            let words = said.iter().filter(|n| n.contains(path.as_str())).count();
+            let deleted = commit && truncated[*t];
+            assert_eq!(words, usize::from(deleted), "seed {seed}, round {round}, table {t}: {said:?}");
+            freed += said.iter().filter(|n| n.contains(path.as_str()) && n.contains("freed in")).count();
+        }
+        for (t, n) in rows.iter_mut().enumerate() {
+            if commit && truncated[t] {
+                *n = 0;
+            }
+            let (count, pages): (i64, i64) = {
+                let r = c
+                    .query_one(
+                        &format!("SELECT count(*), pg_relation_size('free_steps_{t}') / 8192 FROM free_steps_{t}"),
+                        &[],
+                    )
+                    .unwrap();
+                (r.get(0), r.get(1))
+            };
+            assert_eq!(count, *n, "seed {seed}, round {round}: table {t} lost rows");
+            assert_eq!(pages == 0, *n == 0, "seed {seed}, round {round}: table {t} has {pages} pages");
+            if *n == 0 {
+                fill(&mut c, t);
+                *n = 12_000;
+            }
+        }
+    }
+    if kernel_says_what_is_unwritten() {
+        assert!(freed > 0, "seed {seed}: some truncated table was freed in steps");
+    }
+    for t in 0..TABLES {
+        c.batch_execute(&format!("DROP TABLE free_steps_{t}")).unwrap();
+    }
+}
