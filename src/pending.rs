@@ -134,6 +134,20 @@ impl Note {
     fn makes_ready(&self) -> bool {
         matches!(self.kind, Kind::Sent | Kind::Readied) && self.count > 0
     }
+
+    /// Whether all it does at commit is count: move depths, lower the in-flight floor.
+    fn only_counts(&self) -> bool {
+        !self.reset && !self.undone && !self.makes_ready() && self.due == DUE_NEVER && !self.wake_all
+    }
+
+    fn lowers_in_flight(&self) -> bool {
+        self.kind == Kind::Claimed || self.expiry != i64::MAX
+    }
+
+    /// Where its claims start (i64::MAX: it claimed nothing, only leases changed).
+    fn in_flight_low(&self) -> i64 {
+        if self.kind == Kind::Claimed { self.low } else { i64::MAX }
+    }
 }
 
 /// Whether this transaction made messages of `key` claimable and has not committed yet: the
@@ -231,6 +245,29 @@ fn finish(committed: bool) {
         apply_rollback(&notes);
         return;
     }
+    // Most commits (claims, acks) only move depths and lower the in-flight floor: atomics,
+    // under the shared lock, so that they do not queue behind each other and the claims.
+    if notes.iter().all(Note::only_counts)
+        && queue_state::with_lock(false, |table| {
+            // Entries are removed only under the exclusive lock: found now, there until the end.
+            let found = notes.iter().all(|n| table.entry(&n.key, false).is_some())
+                && (!notes.iter().any(Note::lowers_in_flight) || table.entry(&Key::in_flight(), false).is_some());
+            if found {
+                for note in notes.iter() {
+                    if note.lowers_in_flight() {
+                        table.lower_in_flight(note.in_flight_low(), note.expiry, false);
+                    }
+                    if let Some(entry) = table.entry(&note.key, false) {
+                        entry.add_depth(&note.depth);
+                    }
+                }
+            }
+            found
+        })
+        .unwrap_or(true)
+    {
+        return;
+    }
     queue_state::with_lock(true, |table| {
         for note in notes.iter() {
             if note.reset && !note.undone {
@@ -246,8 +283,8 @@ fn finish(committed: bool) {
                 }
                 continue;
             }
-            if note.kind == Kind::Claimed || note.expiry != i64::MAX {
-                table.lower_in_flight(if note.kind == Kind::Claimed { note.low } else { i64::MAX }, note.expiry);
+            if note.lowers_in_flight() {
+                table.lower_in_flight(note.in_flight_low(), note.expiry, true);
             }
             let Some(entry) = table.entry(&note.key, true) else { continue };
             entry.add_depth(&note.depth);

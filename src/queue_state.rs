@@ -110,8 +110,11 @@ pub struct Entry {
     /// Bumped whenever messages become claimable: a waiting claim goes back to claim when it
     /// changed since it last looked.
     wake_seq: u64,
-    /// Approximate depth by state (see `State`); meaningful once `depth_known`.
-    depth: [i64; 3],
+    /// Approximate depth by state (see `State`); meaningful once `depth_known`. Commits
+    /// that only move depths (and lower the in-flight floor and expiry below) do it under the
+    /// shared lock, as atomic adds and minimums: they commute, and everything that reads or
+    /// sets them as a whole holds the exclusive lock.
+    depth: [AtomicI64; 3],
     depth_known: bool,
     /// Waiting claims woken by a signal; hints the tick found too high (missed events).
     wakeups: i64,
@@ -119,10 +122,10 @@ pub struct Entry {
     /// In a database's `Key::in_flight` entry only (see `start_pass`): no claimed message of
     /// that database has a lower msg_id, and no lease ends before `next_expiry`; the same two
     /// for what was claimed (or renewed) since the current re-arm pass started.
-    claimed_floor: i64,
-    next_expiry: i64,
-    floor_since: i64,
-    expiry_since: i64,
+    claimed_floor: AtomicI64,
+    next_expiry: AtomicI64,
+    floor_since: AtomicI64,
+    expiry_since: AtomicI64,
     pass: u64,
 }
 
@@ -278,10 +281,10 @@ impl Locked {
             entry.corrections = 0;
             entry.wake_seq = 0;
             entry.epoch = 0;
-            entry.claimed_floor = i64::MIN;
-            entry.next_expiry = i64::MIN;
-            entry.floor_since = i64::MIN;
-            entry.expiry_since = i64::MIN;
+            entry.claimed_floor.store(i64::MIN, Relaxed);
+            entry.next_expiry.store(i64::MIN, Relaxed);
+            entry.floor_since.store(i64::MIN, Relaxed);
+            entry.expiry_since.store(i64::MIN, Relaxed);
             entry.pass = 0;
             entry.reset();
             Some(entry)
@@ -346,7 +349,7 @@ impl Entry {
         self.ready_commits = 0;
         self.max_ready_id = 0;
         self.next_due = DUE_UNKNOWN;
-        self.depth = [0; 3];
+        self.depth.iter().for_each(|d| d.store(0, Relaxed));
         self.depth_known = false;
         self.epoch += 1;
     }
@@ -508,20 +511,23 @@ impl Entry {
         self.next_due = DUE_UNKNOWN;
     }
 
-    pub fn add_depth(&mut self, delta: &[i64; 3]) {
-        for (d, n) in self.depth.iter_mut().zip(delta) {
-            *d += n;
+    /// Under either lock.
+    pub fn add_depth(&self, delta: &[i64; 3]) {
+        for (d, n) in self.depth.iter().zip(delta).filter(|(_, n)| **n != 0) {
+            d.fetch_add(*n, Relaxed);
         }
     }
 
     pub fn set_depth(&mut self, depth: [i64; 3]) {
-        self.depth = depth;
+        for (d, n) in self.depth.iter().zip(depth) {
+            d.store(n, Relaxed);
+        }
         self.depth_known = true;
     }
 
     /// (ready, delayed, claimed) when known, never negative.
     pub fn depth(&self) -> Option<[i64; 3]> {
-        self.depth_known.then(|| self.depth.map(|d| d.max(0)))
+        self.depth_known.then(|| std::array::from_fn(|i| self.depth[i].load(Relaxed).max(0)))
     }
 
     pub fn mark_known(&mut self) {
@@ -595,15 +601,15 @@ impl Entry {
 pub fn start_pass(now: i64, force: bool) -> Option<(i64, u64)> {
     with_lock(true, |table| {
         let Some(e) = table.entry(&Key::in_flight(), true) else { return Some((i64::MIN, 0)) };
-        if !force && e.next_expiry > now {
+        if !force && e.next_expiry.load(Relaxed) > now {
             return None;
         }
         e.pass += 1;
-        e.floor_since = i64::MAX;
-        e.expiry_since = i64::MAX;
+        e.floor_since.store(i64::MAX, Relaxed);
+        e.expiry_since.store(i64::MAX, Relaxed);
         // A forced pass starts from the start too: it is the one that finds claims written
         // around the API (a restore's COPY, an UPDATE of pgqueue.messages).
-        Some((if force { i64::MIN } else { e.claimed_floor }, e.pass))
+        Some((if force { i64::MIN } else { e.claimed_floor.load(Relaxed) }, e.pass))
     })
     .unwrap_or(Some((i64::MIN, 0)))
 }
@@ -613,7 +619,8 @@ pub fn start_pass(now: i64, force: bool) -> Option<(i64, u64)> {
 pub fn pass_found_floor(pass: u64, first: i64) {
     with_lock(true, |table| {
         let Some(e) = table.entry(&Key::in_flight(), true) else { return };
-        e.claimed_floor = if e.pass == pass { first.min(e.floor_since) } else { e.claimed_floor.min(first) };
+        let floor = if e.pass == pass { e.floor_since.load(Relaxed) } else { e.claimed_floor.load(Relaxed) };
+        e.claimed_floor.store(first.min(floor), Relaxed);
     });
 }
 
@@ -622,24 +629,26 @@ pub fn pass_found_floor(pass: u64, first: i64) {
 pub fn end_pass(pass: u64, expiry: i64) {
     with_lock(true, |table| {
         let Some(e) = table.entry(&Key::in_flight(), true) else { return };
-        e.next_expiry = if e.pass == pass { expiry.min(e.expiry_since) } else { e.next_expiry.min(expiry) };
+        let since = if e.pass == pass { e.expiry_since.load(Relaxed) } else { e.next_expiry.load(Relaxed) };
+        e.next_expiry.store(expiry.min(since), Relaxed);
     });
 }
 
 /// Something may have made a lease end sooner (expired orphans): the next tick re-arms.
 pub fn lease_may_have_ended() {
-    with_lock(true, |table| table.lower_in_flight(i64::MAX, i64::MIN));
+    with_lock(true, |table| table.lower_in_flight(i64::MAX, i64::MIN, true));
 }
 
 impl Locked {
-    /// Messages claimed from `msg_id` on, with leases ending from `expiry` on.
-    pub fn lower_in_flight(&mut self, msg_id: i64, expiry: i64) {
-        if let Some(e) = self.entry(&Key::in_flight(), true) {
-            e.claimed_floor = e.claimed_floor.min(msg_id);
-            e.floor_since = e.floor_since.min(msg_id);
-            e.next_expiry = e.next_expiry.min(expiry);
-            e.expiry_since = e.expiry_since.min(expiry);
-        }
+    /// Messages claimed from `msg_id` on, with leases ending from `expiry` on. Under the
+    /// shared lock only if the database's entry exists (`create`: false); whether it did.
+    pub fn lower_in_flight(&mut self, msg_id: i64, expiry: i64, create: bool) -> bool {
+        let Some(e) = self.entry(&Key::in_flight(), create) else { return false };
+        e.claimed_floor.fetch_min(msg_id, Relaxed);
+        e.floor_since.fetch_min(msg_id, Relaxed);
+        e.next_expiry.fetch_min(expiry, Relaxed);
+        e.expiry_since.fetch_min(expiry, Relaxed);
+        true
     }
 }
 
