@@ -7,7 +7,8 @@
 //! `claim` and `wait` (the claim's side of it), `reconcile` (the tick's check of it).
 //! The hot paths are Rust: `claim` (pgq_claim, pgq_ack_claim) and `finish` (the move to
 //! history), over statements `statement` keeps prepared. `schedule` computes the times of
-//! periodic schedules, which the tick fires.
+//! periodic schedules, which the tick fires; `prune` frees a pruned partition's old files in
+//! steps as the prune commits.
 
 use pgrx::prelude::*;
 

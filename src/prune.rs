@@ -90,33 +90,46 @@ fn deleted_by_this_commit(files: &Files) -> bool {
 }
 
 /// Shrinks each segment of the fork (`path`, `path.1`, …), the last first, by `STEP` at a
-/// time, flushing each step. The files stay, empty: deleting them is PostgreSQL's.
+/// time, flushing each step. The files stay, empty: deleting them is PostgreSQL's. Says what
+/// it did at DEBUG1.
 fn cut_down(path: &str) {
     let segments: Vec<String> = std::iter::once(path.to_string())
         .chain((1..).map(|i| format!("{path}.{i}")))
         .take_while(|p| std::path::Path::new(p).exists())
         .collect();
+    let mut steps = 0;
     for segment in segments.iter().rev() {
-        let cut = || -> std::io::Result<()> {
-            let file = OpenOptions::new().write(true).open(segment)?;
-            let mut len = file.metadata()?.len();
-            while len > 0 {
-                // Each step's flush would first write out whatever of the file the kernel
-                // holds unwritten: data about to be deleted. Then PostgreSQL frees it at once.
-                if unwritten(&file) != Some(0) {
-                    return Ok(());
-                }
-                len = len.saturating_sub(STEP);
-                file.set_len(len)?;
-                file.sync_data()?;
+        match cut(segment, &mut steps) {
+            Ok(true) => {}
+            Ok(false) => {
+                debug1!("pgqueue: {path} left to PostgreSQL: the kernel holds some of it unwritten, or cannot say");
+                return;
             }
-            Ok(())
-        };
-        if let Err(e) = cut() {
-            debug1!("pgqueue: freeing {segment} in steps: {e}; PostgreSQL frees the rest");
-            return;
+            Err(e) => {
+                debug1!("pgqueue: {path} left to PostgreSQL: {segment}: {e}");
+                return;
+            }
         }
     }
+    debug1!("pgqueue: {path} freed in {steps} steps");
+}
+
+/// Cuts `segment` down to nothing, counting the steps; false if the kernel holds some of it
+/// unwritten (or cannot say): each step's flush would first write that out, data about to be
+/// deleted, so PostgreSQL frees it at once instead.
+fn cut(segment: &str, steps: &mut u32) -> std::io::Result<bool> {
+    let file = OpenOptions::new().write(true).open(segment)?;
+    let mut len = file.metadata()?.len();
+    while len > 0 {
+        if unwritten(&file) != Some(0) {
+            return Ok(false);
+        }
+        len = len.saturating_sub(STEP);
+        file.set_len(len)?;
+        file.sync_data()?;
+        *steps += 1;
+    }
+    Ok(true)
 }
 
 /// How many of `file`'s pages the kernel holds dirty or under writeback, where it can say
