@@ -163,3 +163,31 @@ fn unwritten(file: &File) -> Option<u64> {
 fn unwritten(_file: &File) -> Option<u64> {
     None
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::{STEP, cut, unwritten};
+    use std::io::Write;
+
+    /// A file the kernel holds unwritten is left as it is; once written out, it is cut down to
+    /// nothing, a step at a time. (Where the kernel cannot say, every file is left.)
+    #[pgrx::pg_test]
+    fn test_unwritten_files_are_left_and_written_ones_cut_in_steps() {
+        // In the data directory (the backend's), on the file system relation files live on.
+        let path = format!("pgqueue-cut-test.{}", std::process::id());
+        let mut file = std::fs::File::create(&path).unwrap();
+        file.write_all(&vec![7u8; 5 << 20]).unwrap();
+        let kernel_says = unwritten(&file).is_some();
+        let mut steps = 0;
+        assert!(!cut(&path, &mut steps).unwrap(), "a file not written out yet is left");
+        assert_eq!((steps, file.metadata().unwrap().len()), (0, 5 << 20));
+        file.sync_all().unwrap();
+        assert_eq!(unwritten(&file), kernel_says.then_some(0));
+        assert_eq!(cut(&path, &mut steps).unwrap(), kernel_says);
+        if kernel_says {
+            assert_eq!((steps, file.metadata().unwrap().len()), ((5_u64 << 20).div_ceil(STEP) as u32, 0));
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+}
