@@ -4,6 +4,7 @@
 #   bash scripts/bench.sh                                  # every scenario, full sizes
 #   PG=15 bash scripts/bench.sh --scenarios flatness       # one scenario on another major
 #   bash scripts/bench.sh --smoke                          # tiny sizes
+#   bash scripts/bench.sh --huge-pages ...                 # shared buffers in 2 MB pages
 # Results (a table on stdout, results.json, PNG charts) go to bench-results/pg$PG/.
 set -euo pipefail
 
@@ -23,4 +24,15 @@ fi
 export CARGO_TARGET_DIR="$PGQUEUE_CACHE/target-bench"
 echo "[bench] installing a release build of pgqueue into $("$pg_config" --version)"
 bash scripts/install.sh --pg-config "$pg_config" 2>&1 | tail -n 1
+# --huge-pages: the kernel must have the pages reserved (1 GB of shared buffers and the rest
+# of the server's shared memory fit in 600 of 2 MB).
+for arg in "$@"; do
+    if [ "$arg" = --huge-pages ]; then
+        have="$(awk '/^HugePages_Total:/ { print $2 }' /proc/meminfo)"
+        if [ "${have:-0}" -lt 600 ]; then
+            echo "[bench] reserving 600 huge pages (vm.nr_hugepages)"
+            sudo sysctl -q -w vm.nr_hugepages=600
+        fi
+    fi
+done
 cargo run --quiet --release -p pgqueue-bench -- --pg-config "$pg_config" --out "bench-results/pg$major" "$@"

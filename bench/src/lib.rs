@@ -259,6 +259,14 @@ pub struct Prune {
     /// the end of the one that pruned), and that ÷ idle_p99_ms.
     pub longest_during_prune_ms: f64,
     pub during_vs_idle_p99: f64,
+    /// The machine's own noise, for comparison: the idle time cut into windows as long as
+    /// the prune call(s), the longest round overlapping each, their median and maximum (ms),
+    /// and the median ÷ idle_p99_ms. The longest of a few hundred rounds is well above their
+    /// p99 on a shared machine even when nothing else runs.
+    pub idle_windows: u32,
+    pub idle_window_longest_median_ms: f64,
+    pub idle_window_longest_max_ms: f64,
+    pub idle_window_vs_idle_p99: f64,
     /// pg_locks sampled every `lock_sample_ms` from a separate connection (waits shorter
     /// than that can be missed): the longest wait seen during the prune call(s) by the
     /// consumers and by the prune itself (`pg_locks.waitstart` to the sample), what the
@@ -960,7 +968,16 @@ impl Bench {
     pub fn run(&self, scenarios: &[&str]) -> Report {
         let wants = |s: &str| scenarios.contains(&"all") || scenarios.contains(&s);
         let mut c = self.connect();
-        let mut report = Report { server: c.query_one("SELECT version()", &[]).unwrap().get(0), ..Default::default() };
+        // Whether the shared buffers are in huge pages (huge_pages_status since 17).
+        let server = c
+            .query_one(
+                "SELECT version() || ', huge_pages = ' || coalesce(current_setting('huge_pages_status', true),
+                        current_setting('huge_pages'))",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        let mut report = Report { server, ..Default::default() };
         if wants("flatness") {
             report.flatness = self.flatness();
         }
@@ -1725,6 +1742,21 @@ impl Bench {
             .max()
             .unwrap_or(0);
         let idle_p99_ms = ms(idle.value_at_quantile(0.99));
+        let window = (prune_to - prune_from).max(1);
+        let mut idle_windows: Vec<u64> = (0..)
+            .map(|k| idle_from + k * window)
+            .take_while(|from| from + window <= idle_to)
+            .map(|from| {
+                rounds
+                    .iter()
+                    .filter(|(at, took)| (idle_from..idle_to).contains(at) && *at <= from + window && at + took >= from)
+                    .map(|r| r.1)
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        idle_windows.sort_unstable();
+        let idle_window_median = idle_windows.get(idle_windows.len() / 2).copied().unwrap_or(0);
         // A wait ongoing when the prune returned ends with it: samples a little after count.
         let slack = 2 * self.sizes.lock_sample_every.as_micros() as u64;
         let longest_wait = |from: u64, to: u64, pids: &[i32]| {
@@ -1753,6 +1785,10 @@ impl Bench {
             idle_p99_ms,
             longest_during_prune_ms: ms(during),
             during_vs_idle_p99: if idle_p99_ms > 0.0 { ms(during) / idle_p99_ms } else { 0.0 },
+            idle_windows: idle_windows.len() as u32,
+            idle_window_longest_median_ms: ms(idle_window_median),
+            idle_window_longest_max_ms: ms(idle_windows.last().copied().unwrap_or(0)),
+            idle_window_vs_idle_p99: if idle_p99_ms > 0.0 { ms(idle_window_median) / idle_p99_ms } else { 0.0 },
             lock_sample_ms: self.sizes.lock_sample_every.as_secs_f64() * 1000.0,
             lock_samples,
             lock_wait_consumers_ms,

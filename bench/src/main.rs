@@ -30,6 +30,12 @@ struct Args {
     /// (full: 10, 10, 15).
     #[arg(long)]
     run_for: Option<f64>,
+    /// Start the throwaway server with `huge_pages = on`: its shared buffers in 2 MB pages
+    /// (the machine must have them reserved: `scripts/bench.sh --huge-pages` does). With 4 kB
+    /// pages every backend maps each buffer it touches for the first time itself, which
+    /// costs 256 fresh consumers much of the machine (BENCHMARKS.md).
+    #[arg(long, requires = "pg_config")]
+    huge_pages: bool,
     /// Where results.json and the charts (flatness.png, throughput.png, throughput-qty1.png) go.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -57,7 +63,7 @@ impl Server {
 
     /// `statements`: preload pg_stat_statements too, if that build has it (the pickup
     /// scenario counts statements with it; the others run without it).
-    fn start(pg_config: &PathBuf, statements: bool) -> Server {
+    fn start(pg_config: &PathBuf, statements: bool, huge_pages: bool) -> Server {
         let config = |what: &str| {
             let out = Command::new(pg_config).arg(what).output().expect("run pg_config");
             PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
@@ -85,8 +91,9 @@ impl Server {
         let conf = format!(
             "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
              shared_preload_libraries = '{preload}'\nshared_buffers = '1GB'\nmax_connections = 320\n\
-             max_wal_size = '8GB'\nsynchronous_commit = on\n",
-            dir.display()
+             max_wal_size = '8GB'\nsynchronous_commit = on\nhuge_pages = {}\n",
+            dir.display(),
+            if huge_pages { "on" } else { "try" }
         );
         let conf_path = data.join("postgresql.auto.conf");
         let mut existing = Self::as_server_user("cat".into()).arg(&conf_path).output().unwrap().stdout;
@@ -132,7 +139,7 @@ fn main() {
     let args = Args::parse();
     let scenarios: Vec<&str> = args.scenarios.split(',').map(str::trim).collect();
     let statements = scenarios.iter().any(|s| ["all", "pickup"].contains(s));
-    let server = args.pg_config.as_ref().map(|pg_config| Server::start(pg_config, statements));
+    let server = args.pg_config.as_ref().map(|pg_config| Server::start(pg_config, statements, args.huge_pages));
     let dsn = match (&args.dsn, &server) {
         (Some(dsn), _) => dsn.clone(),
         (None, Some(s)) => s.dsn(),
@@ -211,6 +218,14 @@ fn print(r: &Report) {
             p.lock_wait_prune_ms,
             p.lock_wait_idle_ms,
             p.lock_samples
+        );
+        println!(
+            "\nthe machine's noise: the idle {:.1} s in {} windows as long as the prune, longest round in each: median {:.2} ms ({:.2}× idle p99), max {:.2} ms",
+            p.idle_seconds,
+            p.idle_windows,
+            p.idle_window_longest_median_ms,
+            p.idle_window_vs_idle_p99,
+            p.idle_window_longest_max_ms
         );
     }
     for h in &r.renewals {
