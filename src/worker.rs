@@ -139,10 +139,35 @@ fn databases() -> Vec<(u32, String)> {
     found
 }
 
+/// What PostgreSQL's `die` does for a backend: the next interrupt check ends the process
+/// (FATAL, the transaction rolled back), and a wait wakes up.
+unsafe extern "C-unwind" fn on_sigterm(_signal: i32) {
+    // SAFETY: flags PostgreSQL reads at its interrupt checks, and this process's latch (safe
+    // in a signal handler); errno is kept for the code the signal interrupted.
+    unsafe {
+        let errno = *libc::__errno_location();
+        (&raw mut pg_sys::InterruptPending).write_volatile(1);
+        (&raw mut pg_sys::ProcDiePending).write_volatile(1);
+        pg_sys::SetLatch(pg_sys::MyLatch);
+        *libc::__errno_location() = errno;
+    }
+}
+
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn pgqueue_worker_main(arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+    // SIGTERM (a fast shutdown, pg_terminate_backend, DROP DATABASE) as for any backend: a
+    // statement under way ends at its next interrupt check (the tick's transaction rolls
+    // back), so a long one — a recount of a large queue, a wait for a lock — never holds up
+    // a shutdown; between ticks the wait ends and the loop leaves.
+    // SAFETY: a handler for this process, installed the way PostgreSQL installs its own.
+    unsafe {
+        #[cfg(not(feature = "pg18"))]
+        pg_sys::pqsignal(libc::SIGTERM, Some(on_sigterm));
+        #[cfg(feature = "pg18")]
+        pg_sys::pqsignal_be(libc::SIGTERM, Some(on_sigterm));
+    }
     let oid = pg_sys::Oid::from(arg.value() as u32);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(oid), None);
     if !extension_installed() {
@@ -190,10 +215,16 @@ pub extern "C-unwind" fn pgqueue_worker_main(arg: pg_sys::Datum) {
             // A backlog of expired claims: come straight back for another re-arm pass.
             wait = if out.backlog { Duration::ZERO } else { until_next.min(until_schedule) };
         }
-        if !BackgroundWorker::wait_latch(Some(wait)) {
+        // SAFETY: a read of the flag the SIGTERM handler sets.
+        if !BackgroundWorker::wait_latch(Some(wait))
+            || unsafe { (&raw const pg_sys::ProcDiePending).read_volatile() } != 0
+        {
             break;
         }
     }
+    // Leaving anyway: no interrupt check (the log line makes one) turns it into a FATAL.
+    // SAFETY: HOLD_INTERRUPTS(), for the rest of this process.
+    unsafe { pg_sys::InterruptHoldoffCount += 1 };
     log!("pgqueue worker exiting");
     // SAFETY: ends the process the normal way; the launcher starts a new one when needed.
     unsafe { pg_sys::proc_exit(0) };

@@ -398,3 +398,49 @@ fn errors_of_other_statements_pass_through_the_hook_unchanged() {
         assert!(matches!(e.position(), Some(postgres::error::ErrorPosition::Original(19))), "{:?}", e.position());
     }
 }
+
+/// SIGTERM (what a fast shutdown, `pg_terminate_backend` and DROP DATABASE send) ends the
+/// worker's statement under way instead of waiting for it: here a tick waiting for a lock,
+/// which it would otherwise wait for until its lock timeout (5 s) and then fail. A server
+/// of its own: the test holds the hot table's lock.
+#[test]
+fn sigterm_ends_the_workers_statement_under_way() {
+    let server = common::server::Server::with_pgqueue(&["pgqueue.tick_interval = '100ms'"]);
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('stop'); SELECT pgqueue.pgq_send('stop', '{}')").unwrap();
+    let mut locker = server.connect("postgres");
+    locker.batch_execute("BEGIN; LOCK TABLE pgqueue.messages IN ACCESS EXCLUSIVE MODE").unwrap();
+    let pid = wait_for("the worker waiting for the lock", LIMIT, || {
+        c.query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'pgqueue worker' AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .unwrap()
+        .map(|row| row.get::<_, i32>(0))
+    });
+    let signalled: bool = c.query_one("SELECT pg_terminate_backend($1)", &[&pid]).unwrap().get(0);
+    assert!(signalled);
+    wait_for("the worker to leave while the lock is still held", Duration::from_secs(3), || {
+        c.query_opt("SELECT FROM pg_stat_activity WHERE pid = $1", &[&pid]).unwrap().is_none().then_some(())
+    });
+    let held: bool = locker
+        .query_one(
+            "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = pg_backend_pid() AND mode = 'AccessExclusiveLock'
+                              AND relation = 'pgqueue.messages'::regclass AND granted)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(held, "the lock was held all along");
+    locker.batch_execute("ROLLBACK").unwrap();
+    let log = server.log();
+    let ended = format!("[{pid}] FATAL:  terminating background worker");
+    assert!(log.contains(&ended), "the worker ended at its statement's interrupt check:\n{log}");
+    assert!(!log.contains("lock timeout"), "no statement waited out its lock timeout:\n{log}");
+    // The launcher starts another, which ticks once the lock is gone.
+    wait_for("a new worker ticking", LIMIT, || {
+        c.query_opt("SELECT pid FROM pgqueue.worker_state WHERE pid IS NOT NULL AND pid <> $1 AND ticks > 0", &[&pid])
+            .unwrap()
+            .map(|_| ())
+    });
+}

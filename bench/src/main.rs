@@ -33,7 +33,8 @@ struct Args {
     /// Start the throwaway server with `huge_pages = on`: its shared buffers in 2 MB pages
     /// (the machine must have them reserved: `scripts/bench.sh --huge-pages` does). With 4 kB
     /// pages every backend maps each buffer it touches for the first time itself, which
-    /// costs 256 fresh consumers much of the machine (BENCHMARKS.md).
+    /// costs 256 fresh consumers much of the machine (BENCHMARKS.md). Without it: off, even
+    /// where the kernel has huge pages reserved, so that runs compare.
     #[arg(long, requires = "pg_config")]
     huge_pages: bool,
     /// Where results.json and the charts (flatness.png, throughput.png, throughput-qty1.png) go.
@@ -93,7 +94,7 @@ impl Server {
              shared_preload_libraries = '{preload}'\nshared_buffers = '1GB'\nmax_connections = 320\n\
              max_wal_size = '8GB'\nsynchronous_commit = on\nhuge_pages = {}\n",
             dir.display(),
-            if huge_pages { "on" } else { "try" }
+            if huge_pages { "on" } else { "off" }
         );
         let conf_path = data.join("postgresql.auto.conf");
         let mut existing = Self::as_server_user("cat".into()).arg(&conf_path).output().unwrap().stdout;
