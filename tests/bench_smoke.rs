@@ -19,6 +19,12 @@ fn every_scenario_runs_at_tiny_sizes() {
     assert!(report.throughput.iter().filter(|p| p.system != "pgbench -N").all(|p| p.jobs_per_s > 0.0));
     assert_eq!(report.throughput.iter().filter(|p| p.mode == "one-call").count(), 4 * sizes.consumers.len());
     assert!(report.throughput.iter().filter(|p| p.jobs_per_s > 0.0).all(|p| p.of_best > 0.0 && p.of_best <= 1.0));
+    // The smoke size runs the sweep twice: every point lists both runs, and reports the
+    // upper of the two (the median of an even count).
+    for p in &report.throughput {
+        assert_eq!(p.runs.len(), sizes.repeat, "{} {} {}", p.system, p.mode, p.consumers);
+        assert_eq!(p.jobs_per_s, p.runs.iter().copied().fold(f64::MIN, f64::max));
+    }
     let rescue = report.rescue.expect("rescue ran");
     assert_eq!(rescue.claims, sizes.rescue_claims);
     assert!(rescue.claims_per_s > 0.0);

@@ -26,6 +26,11 @@ pub struct Sizes {
     pub consumers: Vec<usize>,
     pub in_flight: i64,
     pub run_for: Duration,
+    /// Throughput: how long each point's consumers (and pgbench) run before the measured
+    /// `run_for`, so that it sees a fleet past its connections' first touches of the shared
+    /// buffers; and how many times the whole sweep runs (each point reports the median).
+    pub warm_for: Duration,
+    pub repeat: usize,
     pub rescue_claims: i64,
     pub prune_rows: i64,
     pub renewals: i64,
@@ -93,6 +98,8 @@ impl Sizes {
             consumers: vec![1, 4, 16, 64, 256],
             in_flight: 10_000,
             run_for: Duration::from_secs(10),
+            warm_for: Duration::ZERO,
+            repeat: 1,
             rescue_claims: 1_000_000,
             prune_rows: 1_000_000,
             renewals: 20_000,
@@ -141,6 +148,8 @@ impl Sizes {
             consumers: vec![1, 2],
             in_flight: 50,
             run_for: Duration::from_millis(300),
+            warm_for: Duration::from_millis(100),
+            repeat: 2,
             rescue_claims: 2_000,
             // Enough that the pruned partition outweighs what the claimers ack meanwhile.
             prune_rows: 20_000,
@@ -228,6 +237,9 @@ pub struct ThroughputPoint {
     pub of_pgbench: Option<f64>,
     /// jobs_per_s ÷ the best jobs_per_s of the same system, mode and qty at any count.
     pub of_best: f64,
+    /// Every run's jobs/s, in run order, when the sweep ran more than once (jobs_per_s and
+    /// p99_ms are then the medians).
+    pub runs: Vec<f64>,
 }
 
 #[derive(Serialize)]
@@ -1204,52 +1216,69 @@ impl Bench {
     }
 
     /// Jobs per second with N consumers doing claim + ack, with rows in flight: two calls
-    /// per round (claim, then ack) and one (ack + claim in one statement).
+    /// per round (claim, then ack) and one (ack + claim in one statement). With `repeat`
+    /// above 1 the sweep runs that many times, every other one from the largest count down
+    /// (so that a drift of the machine does not favour one end), and each point reports the
+    /// median of its runs.
     fn throughput(&self) -> Vec<ThroughputPoint> {
-        let mut points = vec![];
         let mut c = self.connect();
-        for &consumers in &self.sizes.consumers {
-            for mode in [Mode::TwoCall, Mode::OneCall] {
-                for qty in [1i32, 32] {
-                    for system in [System::Pgqueue, System::Baseline] {
-                        self.say(&format!(
-                            "throughput: {} {} with {consumers} consumers, qty {qty}",
-                            system.name(),
-                            mode.name()
-                        ));
-                        self.reset(&mut c);
-                        self.fill(&mut c, system, self.sizes.in_flight, "0");
-                        self.hold(&mut c, system, self.sizes.in_flight);
-                        // Enough work for the whole run (single-job claims drain far slower).
-                        let rate = if qty == 1 { self.sizes.work_per_second / 4.0 } else { self.sizes.work_per_second };
-                        let budget = (self.sizes.run_for.as_secs_f64() * rate) as i64 + 1_000;
-                        self.fill(&mut c, system, budget, "0");
-                        Self::vacuum(&mut c);
-                        let (jobs, seconds, p99) = self.consume(consumers, system, mode, qty, self.sizes.run_for);
-                        points.push(ThroughputPoint {
-                            system: system.name().into(),
-                            mode: mode.name().into(),
-                            consumers,
-                            qty,
-                            jobs_per_s: jobs as f64 / seconds,
-                            p99_ms: p99,
-                            of_pgbench: None,
-                            of_best: 0.0,
-                        });
+        let repeat = self.sizes.repeat.max(1);
+        let mut runs: Vec<Vec<ThroughputPoint>> = vec![];
+        for run in 0..repeat {
+            let mut counts = self.sizes.consumers.clone();
+            if run % 2 == 1 {
+                counts.reverse();
+            }
+            let mut points = vec![];
+            for consumers in counts {
+                for mode in [Mode::TwoCall, Mode::OneCall] {
+                    for qty in [1i32, 32] {
+                        for system in [System::Pgqueue, System::Baseline] {
+                            self.say(&format!(
+                                "throughput{}: {} {} with {consumers} consumers, qty {qty}",
+                                if repeat > 1 { format!(" (run {} of {repeat})", run + 1) } else { String::new() },
+                                system.name(),
+                                mode.name()
+                            ));
+                            self.reset(&mut c);
+                            self.fill(&mut c, system, self.sizes.in_flight, "0");
+                            self.hold(&mut c, system, self.sizes.in_flight);
+                            // Enough work for the whole run (single-job claims drain far slower).
+                            let rate =
+                                if qty == 1 { self.sizes.work_per_second / 4.0 } else { self.sizes.work_per_second };
+                            let secs = (self.sizes.warm_for + self.sizes.run_for).as_secs_f64();
+                            self.fill(&mut c, system, (secs * rate) as i64 + 1_000, "0");
+                            Self::vacuum(&mut c);
+                            let (jobs, seconds, p99) = self.consume(consumers, system, mode, qty);
+                            points.push(ThroughputPoint {
+                                system: system.name().into(),
+                                mode: mode.name().into(),
+                                consumers,
+                                qty,
+                                jobs_per_s: jobs as f64 / seconds,
+                                p99_ms: p99,
+                                of_pgbench: None,
+                                of_best: 0.0,
+                                runs: vec![],
+                            });
+                        }
                     }
                 }
+                points.push(ThroughputPoint {
+                    system: "pgbench -N".into(),
+                    mode: String::new(),
+                    consumers,
+                    qty: 0,
+                    jobs_per_s: self.pgbench(consumers),
+                    p99_ms: 0.0,
+                    of_pgbench: None,
+                    of_best: 0.0,
+                    runs: vec![],
+                });
             }
-            points.push(ThroughputPoint {
-                system: "pgbench -N".into(),
-                mode: String::new(),
-                consumers,
-                qty: 0,
-                jobs_per_s: self.pgbench(consumers),
-                p99_ms: 0.0,
-                of_pgbench: None,
-                of_best: 0.0,
-            });
+            runs.push(points);
         }
+        let mut points = Self::medians(runs);
         let all = points.clone();
         for p in &mut points {
             let tps = all.iter().find(|q| q.system == "pgbench -N" && q.consumers == p.consumers).map(|q| q.jobs_per_s);
@@ -1266,14 +1295,42 @@ impl Bench {
         points
     }
 
-    /// Runs `consumers` threads of claim + ack for `run_for` (or until the queue is empty);
-    /// (jobs, seconds it took, p99 ms of one round). Two-call: claim, then ack (each sent as
+    /// One point per (system, mode, qty, consumers), in the first run's order, with the
+    /// median of its runs' jobs/s and p99 (the upper median for an even count); a single run
+    /// is returned as it is.
+    fn medians(runs: Vec<Vec<ThroughputPoint>>) -> Vec<ThroughputPoint> {
+        let mut runs = runs.into_iter();
+        let mut points = runs.next().unwrap_or_default();
+        let rest: Vec<Vec<ThroughputPoint>> = runs.collect();
+        if rest.is_empty() {
+            return points;
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        for p in &mut points {
+            let same = |q: &&ThroughputPoint| {
+                (&q.system, &q.mode, q.qty, q.consumers) == (&p.system, &p.mode, p.qty, p.consumers)
+            };
+            let others: Vec<&ThroughputPoint> = rest.iter().filter_map(|r| r.iter().find(same)).collect();
+            p.runs = std::iter::once(p.jobs_per_s).chain(others.iter().map(|q| q.jobs_per_s)).collect();
+            p.p99_ms = median(std::iter::once(p.p99_ms).chain(others.iter().map(|q| q.p99_ms)).collect());
+            p.jobs_per_s = median(p.runs.clone());
+        }
+        points
+    }
+
+    /// Runs `consumers` threads of claim + ack for `warm_for`, then for `run_for` measured
+    /// (or until the queue is empty); (jobs, seconds measured, p99 ms of one round), counting
+    /// only rounds that end in the measured part. Two-call: claim, then ack (each sent as
     /// text, as before); one-call: one call acks the previous round's claims and claims the
     /// next (sent the same way); a job counts once its ack has committed.
-    fn consume(&self, consumers: usize, system: System, mode: Mode, qty: i32, run_for: Duration) -> (u64, f64, f64) {
+    fn consume(&self, consumers: usize, system: System, mode: Mode, qty: i32) -> (u64, f64, f64) {
+        let (warm_for, run_for) = (self.sizes.warm_for, self.sizes.run_for);
         let jobs = Arc::new(AtomicU64::new(0));
         let hist = Arc::new(Mutex::new(Histogram::<u64>::new(3).unwrap()));
-        let start = Arc::new(Barrier::new(consumers));
+        let start = Arc::new(Barrier::new(consumers + 1));
         let threads: Vec<_> = (0..consumers)
             .map(|_| {
                 let (jobs, hist, start) = (jobs.clone(), hist.clone(), start.clone());
@@ -1282,7 +1339,8 @@ impl Bench {
                 std::thread::spawn(move || {
                     let mut mine = Histogram::<u64>::new(3).unwrap();
                     start.wait();
-                    let until = Instant::now() + run_for;
+                    let from = Instant::now() + warm_for;
+                    let until = from + run_for;
                     while Instant::now() < until {
                         let t = Instant::now();
                         let (done, more) = match mode {
@@ -1295,21 +1353,27 @@ impl Bench {
                                 (round.acked, round.claimed > 0)
                             }
                         };
-                        jobs.fetch_add(done as u64, Ordering::Relaxed);
+                        let measured = Instant::now() >= from;
+                        if measured {
+                            jobs.fetch_add(done as u64, Ordering::Relaxed);
+                        }
                         if !more {
                             break;
                         }
-                        mine.record(t.elapsed().as_micros() as u64).unwrap();
+                        if measured {
+                            mine.record(t.elapsed().as_micros() as u64).unwrap();
+                        }
                     }
                     hist.lock().unwrap().add(&mine).unwrap();
                 })
             })
             .collect();
+        start.wait();
         let began = Instant::now();
         for t in threads {
             t.join().unwrap();
         }
-        let seconds = began.elapsed().as_secs_f64();
+        let seconds = began.elapsed().saturating_sub(warm_for).as_secs_f64().max(1e-3);
         let p99 = hist.lock().unwrap().value_at_quantile(0.99) as f64 / 1000.0;
         (jobs.load(Ordering::Relaxed), seconds, p99)
     }
@@ -1532,15 +1596,29 @@ impl Bench {
                 return 0.0;
             }
         }
-        let secs = self.sizes.run_for.as_secs().max(1).to_string();
+        let (warm, run) = (self.sizes.warm_for.as_secs(), self.sizes.run_for.as_secs().max(1));
         let out = std::process::Command::new(&pgbench)
-            .args(["-N", "-c", &clients.to_string(), "-j", &clients.min(4).to_string(), "-T", &secs, &self.dsn])
+            .args(["-N", "-c", &clients.to_string(), "-j", &clients.min(4).to_string()])
+            .args(["-T", &(warm + run).to_string(), &self.dsn])
+            .args(if warm > 0 { &["-P", "1"][..] } else { &[] })
             .output();
         let Ok(out) = out else { return 0.0 };
-        String::from_utf8_lossy(&out.stdout)
+        if warm == 0 {
+            return String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .find_map(|l| l.strip_prefix("tps = ").and_then(|rest| rest.split_whitespace().next()?.parse().ok()))
+                .unwrap_or(0.0);
+        }
+        // Warmed up: the mean of the progress reports (one per second, on stderr) after it.
+        let measured: Vec<f64> = String::from_utf8_lossy(&out.stderr)
             .lines()
-            .find_map(|l| l.strip_prefix("tps = ").and_then(|rest| rest.split_whitespace().next()?.parse().ok()))
-            .unwrap_or(0.0)
+            .filter_map(|l| {
+                let (at, rest) = l.strip_prefix("progress: ")?.split_once(" s, ")?;
+                let tps: f64 = rest.split_once(" tps")?.0.parse().ok()?;
+                (at.parse::<f64>().ok()? > warm as f64).then_some(tps)
+            })
+            .collect();
+        if measured.is_empty() { 0.0 } else { measured.iter().sum::<f64>() / measured.len() as f64 }
     }
 
     /// A fleet dies holding `rescue_claims` claims; the background worker alone drains them.

@@ -30,6 +30,14 @@ struct Args {
     /// (full: 10, 10, 15).
     #[arg(long)]
     run_for: Option<f64>,
+    /// Seconds each throughput point (and its pgbench) runs unmeasured before its `run_for`:
+    /// a fleet past its connections' first touches of the shared buffers (default 0).
+    #[arg(long)]
+    warm_for: Option<f64>,
+    /// Run the throughput sweep this many times (every other one from the largest consumer
+    /// count down); each point reports the median of its runs and lists them all.
+    #[arg(long)]
+    repeat: Option<usize>,
     /// Start the throwaway server with `huge_pages = on`: its shared buffers in 2 MB pages
     /// (the machine must have them reserved: `scripts/bench.sh --huge-pages` does). With 4 kB
     /// pages every backend maps each buffer it touches for the first time itself, which
@@ -154,6 +162,12 @@ fn main() {
     if let Some(secs) = args.run_for {
         let d = std::time::Duration::from_secs_f64(secs);
         (sizes.run_for, sizes.harness_for, sizes.bytes_for) = (d, d, d);
+    }
+    if let Some(secs) = args.warm_for {
+        sizes.warm_for = std::time::Duration::from_secs_f64(secs);
+    }
+    if let Some(n) = args.repeat {
+        sizes.repeat = n.max(1);
     }
     let report = Bench::new(&dsn, sizes, true).run(&scenarios);
     std::fs::create_dir_all(&args.out).unwrap();
@@ -399,12 +413,17 @@ fn print(r: &Report) {
 /// Every point, then qty 1 and qty 32 side by side per consumer count.
 fn print_throughput(points: &[ThroughputPoint]) {
     let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0} %", v * 100.0));
+    let repeated = points.iter().any(|p| !p.runs.is_empty());
     println!(
-        "\nthroughput (claim + ack; one-call: ack + claim in one statement)\n| system | mode | consumers | qty | jobs/s | p99 ms | ÷ pgbench -N | ÷ best count |\n|---|---|---|---|---|---|---|---|"
+        "\nthroughput (claim + ack; one-call: ack + claim in one statement{})\n| system | mode | consumers | qty | jobs/s | p99 ms | ÷ pgbench -N | ÷ best count |{}\n|---|---|---|---|---|---|---|---|{}",
+        if repeated { "; medians of the runs" } else { "" },
+        if repeated { " runs |" } else { "" },
+        if repeated { "---|" } else { "" }
     );
     for p in points {
+        let runs: Vec<String> = p.runs.iter().map(|r| format!("{r:.0}")).collect();
         println!(
-            "| {} | {} | {} | {} | {:.0} | {:.2} | {} | {:.0} % |",
+            "| {} | {} | {} | {} | {:.0} | {:.2} | {} | {:.0} % |{}",
             p.system,
             p.mode,
             p.consumers,
@@ -412,7 +431,8 @@ fn print_throughput(points: &[ThroughputPoint]) {
             p.jobs_per_s,
             p.p99_ms,
             pct(p.of_pgbench),
-            p.of_best * 100.0
+            p.of_best * 100.0,
+            if repeated { format!(" {} |", runs.join(", ")) } else { String::new() }
         );
     }
     let mut counts: Vec<usize> = points.iter().map(|p| p.consumers).collect();
