@@ -260,13 +260,17 @@ static PICK: Statement = Statement {
     args: &[TEXTOID, INT4OID],
 };
 /// From a priority's hint, each row handed to one claim (_take raises the hint past it
-/// before this claim locks it), passing over what others took. The plan must read the index
-/// in order and stop at its LIMIT (see pgq_claim's settings).
+/// before this claim locks it), passing over what others took. The plan must read the ready
+/// index in order and stop at its LIMIT (see pgq_claim's settings). The priority is bounded
+/// on both sides rather than compared with `=`: with `=` the order by msg_id alone would do,
+/// and the primary key gives that too, walking past every row at or above the hint that is
+/// not ready (delayed, claimed, other queues', dead versions), which the planner, seeing one
+/// queue of ready rows, may think cheaper. Bounded, only the ready index gives the order.
 static PICK_FROM: Statement = Statement {
     sql: c"SELECT m.msg_id FROM pgqueue.messages m
-            WHERE m.queue = $1 AND m.state = 'ready' AND m.priority = $2 AND m.msg_id >= $3
-              AND pgqueue._take($1, $2, $4, m.msg_id)
-            ORDER BY m.msg_id
+            WHERE m.queue = $1 AND m.state = 'ready' AND m.priority >= $2 AND m.priority <= $2
+              AND m.msg_id >= $3 AND pgqueue._take($1, $2, $4, m.msg_id)
+            ORDER BY m.priority DESC, m.msg_id
             LIMIT $5
               FOR UPDATE SKIP LOCKED",
     args: &[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID],

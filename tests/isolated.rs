@@ -170,6 +170,59 @@ fn claim_cost_is_flat_in_in_flight_and_delayed_rows() {
     assert!(promote.indexes.contains(&"messages_delayed_idx".to_string()), "promotion plan: {promote:?}");
 }
 
+/// A claim reads the ready index from its hint, not the primary key: in msg_id order the
+/// key also holds every row that is not ready (delayed, claimed, other queues', dead
+/// versions), and a planner that sees one big queue of ready rows may find the key's walk
+/// cheaper. Here 5,000 delayed rows lie between the first ready row and the next; on a
+/// server of its own, so that the planner's statistics are those of a table that is all one
+/// queue, nearly all ready.
+#[test]
+fn a_claim_does_not_walk_rows_that_are_not_ready_in_msg_id_order() {
+    let server = common::server::Server::with_pgqueue(&[]);
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('head')").unwrap();
+    let batch = |n: usize| -> Vec<Value> { (0..n).map(|i| json!({ "i": i })).collect() };
+    let send = |c: &mut Client, n: usize, delay: &str| -> i64 {
+        let sql = "SELECT min(id) FROM pgqueue.pgq_send_batch('head', $1, delay => $2::text::interval) id";
+        c.query_one(sql, &[&batch(n), &delay]).unwrap().get(0)
+    };
+    let first = send(&mut c, 1, "0");
+    send(&mut c, 5_000, "1 hour");
+    let second = send(&mut c, 1_000, "0");
+    for _ in 0..49 {
+        send(&mut c, 1_000, "0");
+    }
+    c.execute("SELECT pgqueue.pgq_tick()", &[]).unwrap();
+    c.batch_execute("VACUUM ANALYZE pgqueue.messages").unwrap();
+    let tracked: bool =
+        c.query_one("SELECT tracked FROM pgqueue.queue_depth WHERE queue = 'head'", &[]).unwrap().get(0);
+    assert!(tracked, "the queue has hints");
+    // A session's first claims get custom plans, later ones a generic plan: both.
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        let mut c = server.connect("postgres");
+        c.batch_execute(&format!("SET plan_cache_mode = {mode}")).unwrap();
+        let mut tx = c.transaction().unwrap();
+        let got: Vec<i64> = tx
+            .query("SELECT msg_id FROM pgqueue.pgq_claim('head', 2)", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(got, [first, second], "{mode}: FIFO");
+        let row = tx
+            .query_one(
+                "SELECT pg_catalog.pg_stat_get_xact_tuples_returned('pgqueue.messages_pkey'::regclass),
+                        pg_catalog.pg_stat_get_xact_tuples_returned('pgqueue.messages_ready_idx'::regclass)",
+                &[],
+            )
+            .unwrap();
+        let (key, ready): (i64, i64) = (row.get(0), row.get(1));
+        // The claim's update finds its two rows by key; the pick reads two ready entries.
+        assert!(key <= 10 && (2..=10).contains(&ready), "{mode}: index entries read: key {key}, ready {ready}");
+        tx.rollback().unwrap();
+    }
+}
+
 /// A pinned xmin horizon (a session holding an xid) keeps the index entries of every message
 /// claimed and acked since in `messages_ready_idx`; the claim starts at its hint, past them,
 /// so it touches as many buffers with 20,000 such entries ahead of it as with none. The same
