@@ -13,6 +13,7 @@
 use pgrx::prelude::*;
 
 mod claim;
+mod cron;
 mod finish;
 mod guc;
 mod pending;

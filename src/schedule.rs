@@ -1,16 +1,11 @@
-//! Cron schedules: parsing patterns and computing their times (`sql/schedule.sql` keeps the
-//! schedules and fires them). Patterns are parsed by croner (five fields, or six with seconds
-//! first, names, ranges, steps, lists, `@hourly`-style macros); wall clock times are resolved
-//! in the schedule's IANA time zone by chrono-tz, so daylight saving transitions follow
-//! croner's rules: a fixed time that falls into a spring-forward gap runs once at the first
-//! instant after the gap; a fixed time repeated by a fall-back runs once, at its first
-//! instant; patterns with a wildcard or step in the hour (or a finer field) run at every
-//! real instant they match.
+//! Cron schedules in SQL: checking patterns and zones, their next times, the slots due
+//! (`sql/schedule.sql` keeps the schedules and fires them). What a pattern means, in a time
+//! zone and across daylight saving changes, is `cron.rs`; zones are chrono-tz's IANA
+//! database.
 
-use chrono::{DateTime, TimeZone};
+use crate::cron::Pattern;
+use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
-use croner::Cron;
-use croner::parser::{CronParser, Seconds, Year};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -24,18 +19,14 @@ const MAX_MISSED_COUNT: i64 = 10_000;
 
 const FIELDS: [&str; 6] = ["second", "minute", "hour", "day of month", "month", "day of week"];
 
-fn parser() -> CronParser {
-    CronParser::builder().seconds(Seconds::Optional).year(Year::Disallowed).build()
-}
-
 /// What is wrong with a pattern, naming the offending field; None when it is valid and
 /// matches some time in the next years.
 fn pattern_problem(pattern: &str) -> Option<String> {
-    let error = match parser().parse(pattern) {
-        Ok(cron) => {
+    let error = match Pattern::parse(pattern) {
+        Ok(p) => {
             // SAFETY: reads the clock.
             let now = DateTime::from_timestamp_micros(unsafe { pg_sys::GetCurrentTimestamp() } + PG_EPOCH_US);
-            let never = now.is_none_or(|now| cron.find_next_occurrence(&now, false).is_err());
+            let never = now.is_none_or(|now| p.next_after(Tz::UTC, now).is_none());
             return never.then(|| "it matches no time in the future".into());
         }
         Err(e) => e,
@@ -54,7 +45,7 @@ fn pattern_problem(pattern: &str) -> Option<String> {
     let names = &FIELDS[6 - fields.len()..];
     for (i, field) in fields.iter().enumerate() {
         let alone: Vec<&str> = (0..fields.len()).map(|j| if j == i { *field } else { "*" }).collect();
-        if let Err(e) = parser().parse(&alone.join(" ")) {
+        if let Err(e) = Pattern::parse(&alone.join(" ")) {
             return Some(format!("{} field \"{field}\": {e}", names[i]));
         }
     }
@@ -63,8 +54,8 @@ fn pattern_problem(pattern: &str) -> Option<String> {
 
 /// A valid pattern and zone (checked by `_cron_problem` / `_time_zone_problem` when the
 /// schedule was made); None if either no longer parses.
-fn parse(pattern: &str, time_zone: &str) -> Option<(Cron, Tz)> {
-    Some((parser().parse(pattern).ok()?, zone(time_zone)?))
+fn parse(pattern: &str, time_zone: &str) -> Option<(Pattern, Tz)> {
+    Some((Pattern::parse(pattern).ok()?, zone(time_zone)?))
 }
 
 /// An IANA zone by name, in any case (as PostgreSQL's own time zone names).
@@ -72,27 +63,19 @@ fn zone(name: &str) -> Option<Tz> {
     name.parse().ok().or_else(|| chrono_tz::TZ_VARIANTS.iter().find(|z| z.name().eq_ignore_ascii_case(name)).copied())
 }
 
-fn to_zoned(ts: TimestampWithTimeZone, tz: Tz) -> Option<DateTime<Tz>> {
-    let us = pg_sys::TimestampTz::from(ts).checked_add(PG_EPOCH_US)?;
-    Some(tz.from_utc_datetime(&DateTime::from_timestamp_micros(us)?.naive_utc()))
+fn to_utc(ts: TimestampWithTimeZone) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp_micros(pg_sys::TimestampTz::from(ts).checked_add(PG_EPOCH_US)?)
 }
 
-fn to_pg(t: &DateTime<Tz>) -> Option<TimestampWithTimeZone> {
+fn to_pg(t: &DateTime<Utc>) -> Option<TimestampWithTimeZone> {
     TimestampWithTimeZone::try_from(t.timestamp_micros() - PG_EPOCH_US).ok()
 }
 
-/// The first slot strictly after `t` (slots are whole seconds).
-fn next_after(cron: &Cron, t: &DateTime<Tz>) -> Option<DateTime<Tz>> {
-    cron.find_next_occurrence(t, false).ok()
-}
-
-/// The first slot at or after `t`: the first after the second before it. (Not an inclusive
-/// search from `t`: a time moved past a spring-forward gap, 03:00 for a 02:30 job, is that
-/// day's slot but does not match the pattern itself.)
-fn next_from(cron: &Cron, t: &DateTime<Tz>) -> Option<DateTime<Tz>> {
-    // A fraction of a second past a slot: that slot has passed, search after `t` itself.
+/// The first slot at or after `t`: the first after the second before it (or after `t`
+/// itself, a fraction of a second past a slot).
+fn next_from(p: &Pattern, tz: Tz, t: &DateTime<Utc>) -> Option<DateTime<Utc>> {
     let from = if t.timestamp_subsec_micros() == 0 { *t - chrono::Duration::seconds(1) } else { *t };
-    next_after(cron, &from)
+    p.next_after(tz, from)
 }
 
 /// NULL if `pattern` is a valid cron pattern, else what is wrong with it.
@@ -120,10 +103,10 @@ fn _cron_next(
     count: i32,
 ) -> SetOfIterator<'static, TimestampWithTimeZone> {
     let mut times = vec![];
-    if let Some((cron, tz)) = parse(pattern, time_zone) {
-        let mut at = to_zoned(after, tz);
+    if let Some((p, tz)) = parse(pattern, time_zone) {
+        let mut at = to_utc(after);
         for _ in 0..count.max(0) {
-            at = at.and_then(|t| next_after(&cron, &t));
+            at = at.and_then(|t| p.next_after(tz, t));
             match at.as_ref().and_then(to_pg) {
                 Some(t) => times.push(t),
                 None => break,
@@ -137,7 +120,7 @@ fn _cron_next(
 /// if the zone is unknown.
 #[pg_extern(stable, parallel_safe)]
 fn _local_time(at: TimestampWithTimeZone, time_zone: &str) -> Option<pgrx::datum::Timestamp> {
-    let local = to_zoned(at, zone(time_zone)?)?.naive_local().and_utc().timestamp_micros();
+    let local = to_utc(at)?.with_timezone(&zone(time_zone)?).naive_local().and_utc().timestamp_micros();
     pgrx::datum::Timestamp::try_from(local - PG_EPOCH_US).ok()
 }
 
@@ -165,32 +148,30 @@ fn _due_slots(
     ),
 > {
     let none = (vec![], None, 0, None);
-    let Some((cron, tz)) = parse(pattern, time_zone) else { return TableIterator::once(none) };
-    let (Some(first), Some(at), Some(missed_before)) =
-        (to_zoned(next_run, tz), to_zoned(at, tz), to_zoned(missed_before, tz))
+    let Some((p, tz)) = parse(pattern, time_zone) else { return TableIterator::once(none) };
+    let (Some(first), Some(at), Some(missed_before)) = (to_utc(next_run), to_utc(at), to_utc(missed_before))
     else {
         return TableIterator::once(none);
     };
     let (mut missed, mut latest_missed) = (0, None);
-    let mut slot = next_from(&cron, &first);
+    let mut slot = next_from(&p, tz, &first);
     if first < missed_before {
         while let Some(s) = slot.filter(|s| *s < missed_before) {
             missed += 1;
             latest_missed = Some(s);
             if missed >= MAX_MISSED_COUNT {
                 // Counted no further: the latest missed slot is the last before missed_before.
-                let end = next_from(&cron, &missed_before).unwrap_or(missed_before);
-                latest_missed = cron.find_previous_occurrence(&end, false).ok().filter(|p| *p < missed_before);
+                latest_missed = p.previous_before(tz, missed_before);
                 break;
             }
-            slot = next_after(&cron, &s);
+            slot = p.next_after(tz, s);
         }
-        slot = next_from(&cron, &missed_before);
+        slot = next_from(&p, tz, &missed_before);
     }
     let mut slots = vec![];
     while let Some(s) = slot.filter(|s| *s <= at && slots.len() < MAX_SLOTS) {
         slots.extend(to_pg(&s));
-        slot = next_after(&cron, &s);
+        slot = p.next_after(tz, s);
     }
     let catch_up_slot = if catch_up { latest_missed.as_ref().and_then(to_pg) } else { None };
     TableIterator::once((slots, catch_up_slot, missed, slot.as_ref().and_then(to_pg)))
