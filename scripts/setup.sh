@@ -115,18 +115,20 @@ if ! { [ -f "$want" ] && grep -q "$PG15_CONFIG" "$want" && grep -q "$PGQUEUE_CAC
 fi
 
 # --- Python: a virtual environment for the Python client's tests --------------
-# Holds the client's dependencies (from clients/python/pyproject.toml); the tests run the
-# clone's own source on top of it. Re-created when pyproject.toml changes.
+# Holds the client's dependencies (from clients/python/pyproject.toml; the tests run the
+# clone's own source on top of it) and the cron reference test's (tests/cron). Re-created
+# when either list changes.
 pyproject="$here/../clients/python/pyproject.toml"
+cron_requirements="$here/../tests/cron/requirements.txt"
 if [ -f "$pyproject" ]; then
     stamp="$PGQUEUE_VENV/.pyproject.sha256"
-    want_sum=$(sha256sum "$pyproject" | cut -d' ' -f1)
+    want_sum=$(cat "$pyproject" "$cron_requirements" | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want_sum" ]; then
         log "Python environment for the client tests ($PGQUEUE_VENV)"
         rm -rf "$PGQUEUE_VENV"
         /usr/bin/python3 -m venv "$PGQUEUE_VENV"
         "$PGQUEUE_VENV/bin/pip" install -q --upgrade pip
-        "$PGQUEUE_VENV/bin/pip" install -q "$here/../clients/python[test]"
+        "$PGQUEUE_VENV/bin/pip" install -q "$here/../clients/python[test]" -r "$cron_requirements"
         echo "$want_sum" >"$stamp"
     fi
 fi

@@ -27,12 +27,13 @@ const MAX_STEPS: usize = 200_000;
 const MAX_LOOK_BACK: Duration = Duration::days(366 * 30);
 
 /// The macros, as Vixie cron spells them out.
-const MACROS: [(&str, &str); 6] = [
+const MACROS: [(&str, &str); 7] = [
     ("@yearly", "0 0 1 1 *"),
     ("@annually", "0 0 1 1 *"),
     ("@monthly", "0 0 1 * *"),
     ("@weekly", "0 0 * * 0"),
     ("@daily", "0 0 * * *"),
+    ("@midnight", "0 0 * * *"),
     ("@hourly", "0 * * * *"),
 ];
 
@@ -227,6 +228,13 @@ mod tests {
         assert_eq!(steps, ["2026-10-25 02:05:00+02:00", "2026-10-25 02:08:00+02:00", "2026-10-25 05:05:00+01:00"]);
         // a-a/n is a alone.
         assert_eq!(next("15-15/3 4 * * *", "UTC", "2026-12-01T00:00:00Z", 2), ["2026-12-01 04:15:00+00:00", "2026-12-02 04:15:00+00:00"]);
+    }
+
+    #[test]
+    fn a_skipped_day_is_a_gap_like_any_other() {
+        // Samoa skipped 30 December 2011: that day's noon runs once, at the first instant after.
+        let apia = next("0 12 * * *", "Pacific/Apia", "2011-12-29T00:00:00Z", 3);
+        assert_eq!(apia, ["2011-12-29 12:00:00-10:00", "2011-12-31 00:00:00+14:00", "2011-12-31 12:00:00+14:00"]);
     }
 
     #[test]

@@ -27,7 +27,7 @@ mod tick;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.9.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.10.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -64,7 +64,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.9.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.10.0".into())));
     }
 
     #[pg_test]

@@ -33,7 +33,7 @@ fn pattern_problem(pattern: &str) -> Option<String> {
     };
     let fields: Vec<&str> = pattern.split_whitespace().collect();
     if pattern.trim_start().starts_with('@') {
-        return Some(format!("{error} (macros: @yearly, @annually, @monthly, @weekly, @daily, @hourly)"));
+        return Some(format!("{error} (macros: @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly)"));
     }
     if fields.len() != 5 && fields.len() != 6 {
         return Some(format!(

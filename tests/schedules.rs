@@ -292,7 +292,7 @@ struct Fire {
     next_local: &'static str,
 }
 
-const DST_CASES: [DstCase; 5] = [
+const DST_CASES: [DstCase; 8] = [
     // Berlin springs forward on 2027-03-28 at 02:00 CET: 02:30 does not exist, it runs at
     // 03:00 CEST, the first instant after the gap.
     DstCase {
@@ -361,6 +361,65 @@ const DST_CASES: [DstCase; 5] = [
             slots: &["2027-11-07T05:30:00Z"],
             next: "2027-11-08 06:30:00+00",
             next_local: "2027-11-08 01:30:00",
+        }],
+    },
+    // Hour and minute lists are fixed times (Debian's cron): in Berlin's repeated hour of
+    // 2027-10-31 (02:00-03:00 CET again), 02:02-02:51 do not run again; 03:02 CET is next.
+    DstCase {
+        cron: "2,31,38,51 2,3,9,12 * * *",
+        time_zone: "Europe/Berlin",
+        grace: "1 day",
+        next_run: "2027-10-31 00:38+00",
+        fires: &[
+            Fire {
+                at: "2027-10-31 00:51+00",
+                slots: &["2027-10-31T00:38:00Z", "2027-10-31T00:51:00Z"],
+                next: "2027-10-31 02:02:00+00",
+                next_local: "2027-10-31 03:02:00",
+            },
+            // 02:40 CET, in the repeated hour: nothing is due.
+            Fire { at: "2027-10-31 01:40+00", slots: &[], next: "2027-10-31 02:02:00+00", next_local: "2027-10-31 03:02:00" },
+            Fire {
+                at: "2027-10-31 02:31+00",
+                slots: &["2027-10-31T02:02:00Z", "2027-10-31T02:31:00Z"],
+                next: "2027-10-31 08:02:00+00",
+                next_local: "2027-10-31 09:02:00",
+            },
+        ],
+    },
+    // St. John's springs forward on 2027-03-14 at 02:00 NST: 02:20-02:51 (a range) run
+    // once, at 03:00 NDT.
+    DstCase {
+        cron: "20-51 1-3 * * *",
+        time_zone: "America/St_Johns",
+        grace: "1 minute",
+        next_run: "2027-03-14 05:21+00",
+        fires: &[
+            Fire {
+                at: "2027-03-14 05:21+00",
+                slots: &["2027-03-14T05:21:00Z"],
+                next: "2027-03-14 05:30:00+00",
+                next_local: "2027-03-14 03:00:00",
+            },
+            Fire {
+                at: "2027-03-14 05:30+00",
+                slots: &["2027-03-14T05:30:00Z"],
+                next: "2027-03-14 05:50:00+00",
+                next_local: "2027-03-14 03:20:00",
+            },
+        ],
+    },
+    // Steps are fixed times too: 02:05 and 02:08 run in CEST only.
+    DstCase {
+        cron: "5-8/3 2-11/3 * * *",
+        time_zone: "Europe/Berlin",
+        grace: "1 day",
+        next_run: "2027-10-31 00:05+00",
+        fires: &[Fire {
+            at: "2027-10-31 02:10+00",
+            slots: &["2027-10-31T00:05:00Z", "2027-10-31T00:08:00Z"],
+            next: "2027-10-31 04:05:00+00",
+            next_local: "2027-10-31 05:05:00",
         }],
     },
     // A pattern with a wildcard hour runs at both instants of the repeated hour; fired late
@@ -473,6 +532,41 @@ fn daylight_saving_transitions_are_computed_and_fired_by_the_documented_rules() 
         tx.execute("SELECT pgqueue.pgq_unschedule($1)", &[&name]).unwrap();
     }
     tx.rollback().unwrap();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The examples of issue 24, as Debian's cron runs them (times in UTC).
+#[test]
+fn patterns_mean_what_debian_cron_makes_of_them() {
+    let mut c = connect();
+    c.batch_execute("SET TimeZone = 'UTC'").unwrap();
+    let cases: [(&str, &str, &str, &[&str]); 8] = [
+        // A day field beginning with `*`: both must match. The 16th is the first 15-step day
+        // that is a weekday (Tuesday, 00:11 CET).
+        ("11-34 * */15 * MON-FRI", "Europe/Berlin", "2027-03-14 03:00+00", &["2027-03-15 23:11:00+00", "2027-03-15 23:12:00+00"]),
+        // A 27th that is a Sunday, Tuesday, Thursday or Saturday.
+        ("20 23 27 * */2", "America/New_York", "2027-11-30 04:21+00", &["2028-01-28 04:20:00+00", "2028-02-28 04:20:00+00"]),
+        // Neither begins with `*`: either matches (Friday the 4th, Monday the 13th is no Friday).
+        ("0 12 13 * FRI", "UTC", "2026-12-01 00:00+00", &["2026-12-04 12:00:00+00", "2026-12-11 12:00:00+00", "2026-12-13 12:00:00+00"]),
+        // Fall back: the repeated hour's times ran in CEST; 03:02 CET is next.
+        ("2,31,38,51 2,3,9,12 * * *", "Europe/Berlin", "2026-10-25 00:32+00",
+         &["2026-10-25 00:38:00+00", "2026-10-25 00:51:00+00", "2026-10-25 02:02:00+00", "2026-10-25 02:31:00+00"]),
+        // Spring forward: the skipped 02:20-02:51 run once, at 03:00 NDT.
+        ("20-51 1-3 * * *", "America/St_Johns", "2026-03-08 05:25+00", &["2026-03-08 05:30:00+00", "2026-03-08 05:50:00+00"]),
+        ("5-8/3 2-11/3 * * *", "Europe/Berlin", "2026-10-24 23:00+00",
+         &["2026-10-25 00:05:00+00", "2026-10-25 00:08:00+00", "2026-10-25 04:05:00+00"]),
+        // `a-a/n` is `a` alone.
+        ("15-15/3 4 * * *", "UTC", "2026-12-01 00:00+00", &["2026-12-01 04:15:00+00", "2026-12-02 04:15:00+00"]),
+        // A wildcard hour: both instants of New York's repeated 01:45.
+        ("45 * * * *", "America/New_York", "2026-11-01 05:00+00", &["2026-11-01 05:45:00+00", "2026-11-01 06:45:00+00"]),
+    ];
+    let mut wrong = vec![];
+    for (cron, zone, after, expected) in cases {
+        let got = cron_next(&mut c, cron, zone, after, expected.len() as i32);
+        if got != expected {
+            wrong.push(format!("{cron:?} in {zone} after {after}:\n  expected {expected:?}\n  got      {got:?}"));
+        }
+    }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 

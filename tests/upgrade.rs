@@ -5,7 +5,7 @@
 mod common;
 
 use common::server::{bindir, this_major};
-use common::{Client, connect, connect_to, wait_for, workers_only_in};
+use common::{Client, connect, connect_to, connect_to_with_notices, wait_for, workers_only_in};
 use std::process::Command;
 use std::time::Duration;
 
@@ -140,11 +140,83 @@ fn alter_extension_update_from_0_8_0_equals_a_fresh_install() {
     update_from("0.8.0");
 }
 
+#[test]
+fn alter_extension_update_from_0_9_0_equals_a_fresh_install() {
+    update_from("0.9.0");
+}
+
+/// Updates quiet the workers of the whole cluster for a while: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// 0.9.0 -> 0.10.0 moves each running schedule's next run to the first time by Debian cron's
+/// rules, from where it stood (a due one stays due), and names the moved ones in a NOTICE.
+#[test]
+fn the_update_from_0_9_0_moves_next_runs_to_debian_crons_times() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = connect();
+    let test_db: String = c.query_one("SELECT current_database()::text", &[]).unwrap().get(0);
+    let db = common::unique_queue("cronupdate");
+    c.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+    // No worker there: it would fire the due schedule.
+    workers_only_in(&mut c, Some(&test_db));
+    let notices = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+    let mut u = connect_to_with_notices(&db, notices.clone());
+    // Next runs as 0.9.0's library computed them (this build's would already give the new ones).
+    u.batch_execute(
+        "CREATE EXTENSION pgqueue VERSION '0.9.0';
+         SELECT pgqueue.pgq_create_queue('jobs');
+         SELECT pgqueue.pgq_schedule('due', 'jobs', '11-34 * */15 * MON-FRI', time_zone => 'Europe/Berlin');
+         SELECT pgqueue.pgq_schedule('ahead', 'jobs', '20 23 27 * */2', time_zone => 'America/New_York');
+         SELECT pgqueue.pgq_schedule('same', 'jobs', '*/5 * * * *');
+         SELECT pgqueue.pgq_schedule('paused', 'jobs', '11-34 * */15 * MON-FRI', paused => true);
+         -- Monday the 15th: no 15-step day. Due, the last run before it.
+         UPDATE pgqueue.schedules SET next_run = '2026-06-15 00:11 Europe/Berlin',
+                last_run = '2026-06-01 00:34 Europe/Berlin' WHERE name = 'due';
+         -- A Tuesday, not the 27th, in the future.
+         UPDATE pgqueue.schedules SET next_run = '2027-11-30 23:20 America/New_York' WHERE name = 'ahead';
+         UPDATE pgqueue.schedules SET next_run = '2030-01-01 00:00+00' WHERE name = 'paused';",
+    )
+    .unwrap();
+    let next_runs = |u: &mut Client| -> Vec<(String, Option<String>)> {
+        u.query("SELECT name, (next_run AT TIME ZONE 'UTC')::text FROM pgqueue.schedules ORDER BY name", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    };
+    let before = next_runs(&mut u);
+    u.batch_execute("ALTER EXTENSION pgqueue UPDATE TO '0.10.0'").unwrap();
+    let after = next_runs(&mut u);
+    let same_before = before.iter().find(|(n, _)| n == "same").unwrap().clone();
+    let expected_ahead: String = u
+        .query_one(
+            "SELECT (t AT TIME ZONE 'UTC')::text FROM pgqueue.pgq_cron_next('20 23 27 * */2', 'America/New_York', now()) t",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        after,
+        [
+            ("ahead".to_string(), Some(expected_ahead)),
+            // The 16th, a Tuesday, is the first 15-step weekday at or after the due time.
+            ("due".into(), Some("2026-06-15 22:11:00".into())),
+            ("paused".into(), Some("2030-01-01 00:00:00".into())),
+            same_before,
+        ]
+    );
+    let notices = notices.lock().unwrap().clone();
+    assert_eq!(notices.len(), 2, "one notice per moved schedule: {notices:?}");
+    assert!(notices[0].starts_with("pgqueue: schedule \"ahead\""), "{notices:?}");
+    assert!(notices[1].contains("\"due\" (cron '11-34 * */15 * MON-FRI' in Europe/Berlin) next runs at"), "{notices:?}");
+    drop(u);
+    workers_only_in(&mut c, None);
+    c.batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).unwrap();
+}
+
 /// Creates the extension at an earlier release (`sql/releases/`), fills it, updates it to
 /// this build's version, and compares it with a fresh install.
 fn update_from(previous: &str) {
-    // Each quiets the workers of the whole cluster for a while: one at a time.
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut c = connect();
     let test_db: String = c.query_one("SELECT current_database()::text", &[]).unwrap().get(0);

@@ -75,6 +75,14 @@ pub fn connect_with_notices(sink: Arc<Mutex<Vec<String>>>) -> Client {
         .expect("connect with a notice callback")
 }
 
+/// A connection to another database of the test cluster, whose notices are collected in `sink`.
+pub fn connect_to_with_notices(dbname: &str, sink: Arc<Mutex<Vec<String>>>) -> Client {
+    config(Some(dbname))
+        .notice_callback(move |notice| sink.lock().unwrap().push(notice.message().to_string()))
+        .connect(postgres::NoTls)
+        .expect("connect with a notice callback")
+}
+
 /// A connection to another database of the test cluster.
 pub fn connect_to(dbname: &str) -> Client {
     config(Some(dbname)).connect(postgres::NoTls).expect("connect to another database")
