@@ -5,7 +5,7 @@
 -- which is replaced before this update; no function or table changes. This recomputes each
 -- running schedule's next run by the new rules, from where it stands: a slot that is due stays
 -- due, and no slot already run runs again. Each schedule whose next run moves is named in a
--- NOTICE. Paused schedules get theirs when resumed, as always.
+-- WARNING. Paused schedules get theirs when resumed, as always.
 DO $update$
 DECLARE
     s record;
@@ -20,7 +20,7 @@ BEGIN
                         greatest(s.last_run, least(s.next_run - interval '1 microsecond', now())), 1));
         IF next_at IS DISTINCT FROM s.next_run THEN
             UPDATE pgqueue.schedules sc SET next_run = next_at WHERE sc.name = s.name;
-            RAISE NOTICE 'pgqueue: schedule "%" (cron ''%'' in %) next runs at % instead of %',
+            RAISE WARNING 'pgqueue: schedule "%" (cron ''%'' in %) next runs at % instead of %',
                 s.name, s.cron, s.time_zone, coalesce(next_at::text, 'no time (it stops)'), s.next_run
                 USING HINT = 'pgqueue 0.10.0 reads cron patterns as Debian''s cron does: see docs/schedules.md.';
         END IF;

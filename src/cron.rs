@@ -40,6 +40,7 @@ const MACROS: [(&str, &str); 7] = [
 #[derive(Debug, Clone)]
 pub struct Pattern {
     cron: Cron,
+    /// A fixed-time job: neither minute nor hour begins with `*`.
     fixed_time: bool,
 }
 
@@ -70,11 +71,6 @@ impl Pattern {
         let [minute, hour, dom, dow] = if fields.len() == 6 { [1, 2, 3, 5] } else { [0, 1, 2, 4] };
         let cron = parser(starred(dom) || starred(dow)).parse(text)?;
         Ok(Pattern { cron, fixed_time: !(starred(minute) || starred(hour)) })
-    }
-
-    /// A fixed-time job (neither minute nor hour begins with `*`).
-    pub fn is_fixed_time(&self) -> bool {
-        self.fixed_time
     }
 
     /// The first matching wall-clock time after `wall` (or at it, if `inclusive`).
@@ -120,7 +116,9 @@ impl Pattern {
             wall = next;
             ahead = match instants(tz, wall) {
                 Instants::One(at) if at > t => Some(at),
-                Instants::Twice(first, second) if first > t || second > t => Some(if first > t { first } else { second }),
+                Instants::Twice(first, second) if first > t || second > t => {
+                    Some(if first > t { first } else { second })
+                }
                 _ => continue,
             };
             break;
@@ -209,25 +207,48 @@ mod tests {
     #[test]
     fn a_day_field_beginning_with_a_star_makes_both_day_fields_count() {
         // The 16th is the first day after the 14th that is both a 15-step day and a weekday.
-        assert_eq!(next("11-34 * */15 * MON-FRI", "Europe/Berlin", "2027-03-14T03:00:00Z", 1), ["2027-03-16 00:11:00+01:00"]);
-        assert_eq!(next("20 23 27 * */2", "America/New_York", "2027-11-30T04:21:00Z", 1), ["2028-01-27 23:20:00-05:00"]);
+        assert_eq!(
+            next("11-34 * */15 * MON-FRI", "Europe/Berlin", "2027-03-14T03:00:00Z", 1),
+            ["2027-03-16 00:11:00+01:00"]
+        );
+        assert_eq!(
+            next("20 23 27 * */2", "America/New_York", "2027-11-30T04:21:00Z", 1),
+            ["2028-01-27 23:20:00-05:00"]
+        );
         // Neither begins with a star: either matches.
-        assert_eq!(next("0 0 13 * FRI", "UTC", "2026-12-01T00:00:00Z", 2), ["2026-12-04 00:00:00+00:00", "2026-12-11 00:00:00+00:00"]);
-        assert_eq!(next("0 0 1-7 * MON", "UTC", "2026-11-29T12:00:00Z", 2), ["2026-11-30 00:00:00+00:00", "2026-12-01 00:00:00+00:00"]);
+        assert_eq!(
+            next("0 0 13 * FRI", "UTC", "2026-12-01T00:00:00Z", 2),
+            ["2026-12-04 00:00:00+00:00", "2026-12-11 00:00:00+00:00"]
+        );
+        assert_eq!(
+            next("0 0 1-7 * MON", "UTC", "2026-11-29T12:00:00Z", 2),
+            ["2026-11-30 00:00:00+00:00", "2026-12-01 00:00:00+00:00"]
+        );
     }
 
     #[test]
     fn a_fixed_time_job_runs_each_wall_clock_time_once() {
         // Berlin falls back at 03:00 CEST on 2026-10-25; after 02:32 CEST.
         let fall = next("2,31,38,51 2,3,9,12 * * *", "Europe/Berlin", "2026-10-25T00:32:00Z", 4);
-        assert_eq!(fall, ["2026-10-25 02:38:00+02:00", "2026-10-25 02:51:00+02:00", "2026-10-25 03:02:00+01:00", "2026-10-25 03:31:00+01:00"]);
+        assert_eq!(
+            fall,
+            [
+                "2026-10-25 02:38:00+02:00",
+                "2026-10-25 02:51:00+02:00",
+                "2026-10-25 03:02:00+01:00",
+                "2026-10-25 03:31:00+01:00"
+            ]
+        );
         // St. John's springs forward at 02:00 NST on 2026-03-08: 02:20-02:51 run once, at 03:00 NDT.
         let spring = next("20-51 1-3 * * *", "America/St_Johns", "2026-03-08T05:25:00Z", 3);
         assert_eq!(spring, ["2026-03-08 03:00:00-02:30", "2026-03-08 03:20:00-02:30", "2026-03-08 03:21:00-02:30"]);
         let steps = next("5-8/3 2-11/3 * * *", "Europe/Berlin", "2026-10-24T23:00:00Z", 3);
         assert_eq!(steps, ["2026-10-25 02:05:00+02:00", "2026-10-25 02:08:00+02:00", "2026-10-25 05:05:00+01:00"]);
         // a-a/n is a alone.
-        assert_eq!(next("15-15/3 4 * * *", "UTC", "2026-12-01T00:00:00Z", 2), ["2026-12-01 04:15:00+00:00", "2026-12-02 04:15:00+00:00"]);
+        assert_eq!(
+            next("15-15/3 4 * * *", "UTC", "2026-12-01T00:00:00Z", 2),
+            ["2026-12-01 04:15:00+00:00", "2026-12-02 04:15:00+00:00"]
+        );
     }
 
     #[test]
@@ -241,11 +262,25 @@ mod tests {
     fn a_wildcard_job_runs_at_every_real_instant() {
         // From the first pass of New York's repeated 01:00-02:00 (2026-11-01).
         let fall = next("15,45 * * * *", "America/New_York", "2026-11-01T05:20:00Z", 4);
-        assert_eq!(fall, ["2026-11-01 01:45:00-04:00", "2026-11-01 01:15:00-05:00", "2026-11-01 01:45:00-05:00", "2026-11-01 02:15:00-05:00"]);
+        assert_eq!(
+            fall,
+            [
+                "2026-11-01 01:45:00-04:00",
+                "2026-11-01 01:15:00-05:00",
+                "2026-11-01 01:45:00-05:00",
+                "2026-11-01 02:15:00-05:00"
+            ]
+        );
         // Late in the first pass, with nothing left in it: the second pass comes first.
-        assert_eq!(next("*/20 1 * * *", "America/New_York", "2026-11-01T05:50:00Z", 2), ["2026-11-01 01:00:00-05:00", "2026-11-01 01:20:00-05:00"]);
+        assert_eq!(
+            next("*/20 1 * * *", "America/New_York", "2026-11-01T05:50:00Z", 2),
+            ["2026-11-01 01:00:00-05:00", "2026-11-01 01:20:00-05:00"]
+        );
         // The skipped hour does not exist.
-        assert_eq!(next("30 * * * *", "Europe/Berlin", "2026-03-29T00:00:00Z", 2), ["2026-03-29 01:30:00+01:00", "2026-03-29 03:30:00+02:00"]);
+        assert_eq!(
+            next("30 * * * *", "Europe/Berlin", "2026-03-29T00:00:00Z", 2),
+            ["2026-03-29 01:30:00+01:00", "2026-03-29 03:30:00+02:00"]
+        );
     }
 
     #[test]
@@ -257,10 +292,10 @@ mod tests {
 
     #[test]
     fn macros_and_their_kinds() {
-        assert!(!Pattern::parse("@hourly").unwrap().is_fixed_time());
-        assert!(Pattern::parse("@daily").unwrap().is_fixed_time());
-        assert!(Pattern::parse("0 30 2 * * *").unwrap().is_fixed_time());
-        assert!(!Pattern::parse("0 */5 2 * * *").unwrap().is_fixed_time());
-        assert!(Pattern::parse("*/10 30 2 * * *").unwrap().is_fixed_time());
+        assert!(!Pattern::parse("@hourly").unwrap().fixed_time);
+        assert!(Pattern::parse("@daily").unwrap().fixed_time);
+        assert!(Pattern::parse("0 30 2 * * *").unwrap().fixed_time);
+        assert!(!Pattern::parse("0 */5 2 * * *").unwrap().fixed_time);
+        assert!(Pattern::parse("*/10 30 2 * * *").unwrap().fixed_time);
     }
 }

@@ -149,8 +149,7 @@ fn _due_slots(
 > {
     let none = (vec![], None, 0, None);
     let Some((p, tz)) = parse(pattern, time_zone) else { return TableIterator::once(none) };
-    let (Some(first), Some(at), Some(missed_before)) = (to_utc(next_run), to_utc(at), to_utc(missed_before))
-    else {
+    let (Some(first), Some(at), Some(missed_before)) = (to_utc(next_run), to_utc(at), to_utc(missed_before)) else {
         return TableIterator::once(none);
     };
     let (mut missed, mut latest_missed) = (0, None);

@@ -32,7 +32,10 @@ fn pgq_cron_next_gives_debian_crons_times_for_random_patterns_around_dst_changes
     assert!(python.exists(), "{} is missing: run scripts/setup.sh", python.display());
     let seed: u64 = match std::env::var("PGQUEUE_CRON_SEED") {
         Ok(s) => s.parse().expect("PGQUEUE_CRON_SEED: a number"),
-        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000_007,
+        Err(_) => {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+                % 1_000_000_007
+        }
     };
     let cases = std::env::var("PGQUEUE_CRON_CASES").unwrap_or_else(|_| "3000".into());
     println!("seed {seed} (replay: PGQUEUE_CRON_SEED={seed}), {cases} cases");
@@ -45,7 +48,8 @@ fn pgq_cron_next_gives_debian_crons_times_for_random_patterns_around_dst_changes
         .output()
         .expect("run tests/cron/reference.py");
     assert!(out.status.success(), "reference.py failed: {}", String::from_utf8_lossy(&out.stderr));
-    let mut lines = std::str::from_utf8(&out.stdout).unwrap().lines().map(|l| serde_json::from_str::<Value>(l).unwrap());
+    let mut lines =
+        std::str::from_utf8(&out.stdout).unwrap().lines().map(|l| serde_json::from_str::<Value>(l).unwrap());
     let meta = lines.next().expect("reference.py's first line");
     assert_eq!(
         meta["tzdata"].as_str(),
@@ -80,19 +84,35 @@ fn pgq_cron_next_gives_debian_crons_times_for_random_patterns_around_dst_changes
             let reference = slots("slots").unwrap();
             with_slots += usize::from(!reference.is_empty());
             if ours != reference {
-                wrong.push(format!("{pattern:?} in {zone} after {}: ours {ours:?}, reference {reference:?}", case["after"]));
+                wrong.push(format!(
+                    "{pattern:?} in {zone} after {}: ours {ours:?}, reference {reference:?}",
+                    case["after"]
+                ));
             }
             if let Some(cronsim) = slots("cronsim").filter(|_| !cronsim_departs(pattern, zone)) {
                 by_cronsim += 1;
                 if ours != cronsim {
-                    wrong_cronsim.push(format!("{pattern:?} in {zone} after {}: ours {ours:?}, cronsim {cronsim:?}", case["after"]));
+                    wrong_cronsim.push(format!(
+                        "{pattern:?} in {zone} after {}: ours {ours:?}, cronsim {cronsim:?}",
+                        case["after"]
+                    ));
                 }
             }
         }
     }
-    println!("{} cases, {with_slots} with slots in their window, {by_cronsim} also checked against cronsim", cases.len());
+    println!(
+        "{} cases, {with_slots} with slots in their window, {by_cronsim} also checked against cronsim",
+        cases.len()
+    );
     assert!(with_slots * 3 >= cases.len(), "too few cases with slots to test anything: {with_slots}");
-    let report = |what: &str, v: &[String]| format!("{} of {} differ from {what} (seed {seed}):\n{}", v.len(), cases.len(), v.iter().take(20).cloned().collect::<Vec<_>>().join("\n"));
+    let report = |what: &str, v: &[String]| {
+        format!(
+            "{} of {} differ from {what} (seed {seed}):\n{}",
+            v.len(),
+            cases.len(),
+            v.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+        )
+    };
     assert!(wrong.is_empty(), "{}", report("the reference", &wrong));
     assert!(wrong_cronsim.is_empty(), "{}", report("cronsim", &wrong_cronsim));
 }

@@ -149,7 +149,7 @@ fn alter_extension_update_from_0_9_0_equals_a_fresh_install() {
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// 0.9.0 -> 0.10.0 moves each running schedule's next run to the first time by Debian cron's
-/// rules, from where it stood (a due one stays due), and names the moved ones in a NOTICE.
+/// rules, from where it stood (a due one stays due), and names the moved ones in a WARNING.
 #[test]
 fn the_update_from_0_9_0_moves_next_runs_to_debian_crons_times() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -206,9 +206,12 @@ fn the_update_from_0_9_0_moves_next_runs_to_debian_crons_times() {
         ]
     );
     let notices = notices.lock().unwrap().clone();
-    assert_eq!(notices.len(), 2, "one notice per moved schedule: {notices:?}");
+    assert_eq!(notices.len(), 2, "one warning per moved schedule: {notices:?}");
     assert!(notices[0].starts_with("pgqueue: schedule \"ahead\""), "{notices:?}");
-    assert!(notices[1].contains("\"due\" (cron '11-34 * */15 * MON-FRI' in Europe/Berlin) next runs at"), "{notices:?}");
+    assert!(
+        notices[1].contains("\"due\" (cron '11-34 * */15 * MON-FRI' in Europe/Berlin) next runs at"),
+        "{notices:?}"
+    );
     drop(u);
     workers_only_in(&mut c, None);
     c.batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).unwrap();

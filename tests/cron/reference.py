@@ -83,6 +83,14 @@ class Pattern:
         # Debian: a wildcard job's minute or hour begins with a star.
         self.wildcard = fields[1].startswith("*") or fields[2].startswith("*")
 
+    def ever(self):
+        """Whether some day matches (a 31st of June never does; a weekday falls on any date)."""
+        _, _, _, doms, months, dows = self.sets
+        if not self.day_and and dows != set(range(7)):
+            return True
+        longest = {2: 29, 4: 30, 6: 30, 9: 30, 11: 30}
+        return any(d <= longest.get(m, 31) for m in months for d in doms)
+
     def minute_matches(self, w):
         """Whether the wall-clock minute `w` (naive) has slots (at `self.seconds`)."""
         _, minutes, hours, doms, months, dows = self.sets
@@ -236,8 +244,11 @@ def main():
             start = around + rng.randint(-200 * 86400, 200 * 86400)
         if rng.random() < 0.3:
             start -= start % 60  # on a minute, often a slot itself
-        text = pattern_text(rng, with_seconds=rng.random() < 0.35)
-        p = Pattern(text)
+        while True:
+            text = pattern_text(rng, with_seconds=rng.random() < 0.35)
+            p = Pattern(text)
+            if p.ever():
+                break
         end = start + int(WINDOW.total_seconds())
         case = {"pattern": text, "zone": name, "after": start, "until": end, "slots": slots(p, zone, start, end)}
         if not p.with_seconds:
