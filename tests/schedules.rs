@@ -608,6 +608,53 @@ fn patterns_mean_what_debian_cron_makes_of_them() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// Every SQL example of docs/schedules.md runs (in one transaction, rolled back), and each
+/// statement followed by `--  <value>` lines returns those values (first column, as text).
+#[test]
+fn the_sql_examples_of_docs_schedules_md_give_what_it_says() {
+    let _serial = serial();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/schedules.md")).unwrap();
+    // (statement, the values it is documented to return)
+    let mut statements: Vec<(String, Vec<String>)> = vec![];
+    for block in doc.split("```sql\n").skip(1).map(|b| b.split("```").next().unwrap()) {
+        let mut statement = String::new();
+        for line in block.lines() {
+            if let Some(value) = line.strip_prefix("--  ") {
+                let (_, expected) = statements.last_mut().expect("a value after a statement");
+                expected.push(value.split("  ").next().unwrap().trim().to_string());
+            } else {
+                statement.push_str(line);
+                statement.push('\n');
+                if line.trim_end().ends_with(';') {
+                    statements.push((std::mem::take(&mut statement), vec![]));
+                }
+            }
+        }
+        assert!(statement.trim().is_empty(), "a statement without its ';': {statement}");
+    }
+    assert!(statements.len() >= 8, "{} statements", statements.len());
+    let documented = statements.iter().filter(|(_, e)| !e.is_empty()).count();
+    assert!(documented >= 5, "{documented} statements with documented values");
+    let mut c = connect();
+    let mut tx = c.transaction().unwrap();
+    let mut wrong = vec![];
+    for (statement, expected) in &statements {
+        let rows = tx.simple_query(statement).unwrap_or_else(|e| panic!("{statement}: {e}"));
+        let got: Vec<String> = rows
+            .iter()
+            .filter_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("NULL").to_string()),
+                _ => None,
+            })
+            .collect();
+        if !expected.is_empty() && &got != expected {
+            wrong.push(format!("{statement}  documented {expected:?}\n  returns    {got:?}"));
+        }
+    }
+    tx.rollback().unwrap();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 #[test]
 fn downtime_beyond_the_grace_is_skipped_or_caught_up_once() {
     let _serial = serial();
