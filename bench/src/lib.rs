@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 pub mod chart;
+pub mod cron_cost;
 
 /// How big each scenario is.
 #[derive(Clone, Debug)]
@@ -62,6 +63,8 @@ pub struct Sizes {
     pub schedules: i64,
     pub schedules_due: i64,
     pub schedules_for: Duration,
+    /// Cron: next times computed per case and round, and rounds.
+    pub cron: (usize, usize),
     /// Harness: consumer counts; the ready depth one producer keeps (sending batches of
     /// `harness_batch`); the most a consumer claims per call (less when consumers x qty
     /// would exceed the depth); the simulated handler's time per job; warm-up, then measured.
@@ -122,6 +125,7 @@ impl Sizes {
             schedules: 10_000,
             schedules_due: 1_000,
             schedules_for: Duration::from_secs(30),
+            cron: (20_000, 5),
             harness_consumers: vec![1, 4, 16, 64, 256],
             harness_depth: 2_000,
             harness_batch: 100,
@@ -173,6 +177,7 @@ impl Sizes {
             schedules: 200,
             schedules_due: 20,
             schedules_for: Duration::from_secs(6),
+            cron: (200, 1),
             harness_consumers: vec![1, 2],
             harness_depth: 200,
             harness_batch: 20,
@@ -207,6 +212,7 @@ pub struct Report {
     pub unique: Vec<SendRate>,
     pub harness: Vec<HarnessPoint>,
     pub bytes: Vec<BytesPoint>,
+    pub cron: Vec<cron_cost::CronCost>,
 }
 
 #[derive(Serialize, Clone)]
@@ -1025,6 +1031,10 @@ impl Bench {
         }
         if wants("bytes") {
             report.bytes = self.bytes();
+        }
+        if wants("cron") {
+            let (slots, rounds) = self.sizes.cron;
+            report.cron = cron_cost::measure(slots, rounds);
         }
         report
     }

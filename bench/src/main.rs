@@ -16,7 +16,7 @@ struct Args {
     #[arg(long)]
     pg_config: Option<PathBuf>,
     /// Scenarios: all, flatness, throughput, rescue, prune, renewals, enqueue, pinned, pickup,
-    /// schedules, unique, harness, bytes (comma-separated).
+    /// schedules, unique, harness, bytes, cron (comma-separated).
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Tiny sizes (seconds, not minutes).
@@ -256,6 +256,22 @@ fn print(r: &Report) {
         println!("\nenqueue\n| method | per call | messages/s |\n|---|---|---|");
         for e in &r.enqueue {
             println!("| {} | {} | {:.0} |", e.method, e.per_call, e.messages_per_s);
+        }
+    }
+    if !r.cron.is_empty() {
+        println!(
+            "\ncron: next times of a pattern, ns each (median of the rounds; 0.9.0's computation beside)\n| pattern | zone | next times | ns | 0.9.0 ns | ratio |\n|---|---|---|---|---|---|"
+        );
+        for c in &r.cron {
+            println!(
+                "| `{}` | {} | {} | {:.0} | {:.0} | {:.2} |",
+                c.pattern,
+                c.time_zone,
+                c.slots,
+                c.ns_per_slot,
+                c.ns_per_slot_0_9_0,
+                c.ns_per_slot / c.ns_per_slot_0_9_0
+            );
         }
     }
     if let Some(s) = &r.schedules {
