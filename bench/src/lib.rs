@@ -125,7 +125,7 @@ impl Sizes {
             schedules: 10_000,
             schedules_due: 1_000,
             schedules_for: Duration::from_secs(30),
-            cron: (20_000, 5),
+            cron: (5_000, 21),
             harness_consumers: vec![1, 4, 16, 64, 256],
             harness_depth: 2_000,
             harness_batch: 100,
