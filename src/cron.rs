@@ -85,6 +85,13 @@ impl Pattern {
         if self.fixed_time { self.next_fixed(tz, t) } else { self.next_wildcard(tz, t) }
     }
 
+    /// The first slot at or after `t`.
+    pub fn next_from(&self, tz: Tz, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        // A nanosecond before `t` lies in the second before it when `t` is a whole second
+        // (a slot itself), else in `t`'s own second, whose slot has passed.
+        self.next_after(tz, t.checked_sub_signed(Duration::nanoseconds(1))?)
+    }
+
     /// Each wall-clock time at its first instant (a skipped one at the gap's end): these
     /// instants never decrease as the wall clock advances, so the first after `t` is that of
     /// the first wall-clock time after `t`'s that lands after `t`.
@@ -288,6 +295,14 @@ mod tests {
         let (p, tz): (Pattern, Tz) = (Pattern::parse("0 9 * * MON").unwrap(), "Europe/Berlin".parse().unwrap());
         assert_eq!(p.previous_before(tz, utc("2026-12-01T00:00:00Z")), Some(utc("2026-11-30T08:00:00Z")));
         assert_eq!(p.previous_before(tz, utc("2026-11-30T08:00:00Z")), Some(utc("2026-11-23T08:00:00Z")));
+    }
+
+    #[test]
+    fn next_from_includes_a_slot_at_its_instant() {
+        let (p, tz): (Pattern, Tz) = (Pattern::parse("0 9 * * MON").unwrap(), "Europe/Berlin".parse().unwrap());
+        let slot = utc("2026-11-30T08:00:00Z");
+        assert_eq!(p.next_from(tz, slot), Some(slot));
+        assert_eq!(p.next_from(tz, slot + Duration::microseconds(1)), Some(utc("2026-12-07T08:00:00Z")));
     }
 
     #[test]

@@ -71,13 +71,6 @@ fn to_pg(t: &DateTime<Utc>) -> Option<TimestampWithTimeZone> {
     TimestampWithTimeZone::try_from(t.timestamp_micros() - PG_EPOCH_US).ok()
 }
 
-/// The first slot at or after `t`: the first after the second before it (or after `t`
-/// itself, a fraction of a second past a slot).
-fn next_from(p: &Pattern, tz: Tz, t: &DateTime<Utc>) -> Option<DateTime<Utc>> {
-    let from = if t.timestamp_subsec_micros() == 0 { *t - chrono::Duration::seconds(1) } else { *t };
-    p.next_after(tz, from)
-}
-
 /// NULL if `pattern` is a valid cron pattern, else what is wrong with it.
 #[pg_extern(stable, parallel_safe)]
 fn _cron_problem(pattern: &str) -> Option<String> {
@@ -153,7 +146,7 @@ fn _due_slots(
         return TableIterator::once(none);
     };
     let (mut missed, mut latest_missed) = (0, None);
-    let mut slot = next_from(&p, tz, &first);
+    let mut slot = p.next_from(tz, first);
     if first < missed_before {
         while let Some(s) = slot.filter(|s| *s < missed_before) {
             missed += 1;
@@ -165,7 +158,7 @@ fn _due_slots(
             }
             slot = p.next_after(tz, s);
         }
-        slot = next_from(&p, tz, &missed_before);
+        slot = p.next_from(tz, missed_before);
     }
     let mut slots = vec![];
     while let Some(s) = slot.filter(|s| *s <= at && slots.len() < MAX_SLOTS) {
@@ -198,6 +191,8 @@ mod tests {
         let p = pattern_problem("* * *").expect("invalid");
         assert!(p.starts_with("3 fields"), "{p}");
         assert!(pattern_problem("@fortnightly").is_some());
+        assert_eq!(pattern_problem("@midnight"), None);
+        assert!(pattern_problem("@reboot").expect("no boot").contains("macros:"));
         assert!(pattern_problem("0 0 30 2 *").expect("never").contains("no time"));
     }
 }

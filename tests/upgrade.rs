@@ -169,6 +169,7 @@ fn the_update_from_0_9_0_moves_next_runs_to_debian_crons_times() {
          SELECT pgqueue.pgq_schedule('ahead', 'jobs', '20 23 27 * */2', time_zone => 'America/New_York');
          SELECT pgqueue.pgq_schedule('same', 'jobs', '*/5 * * * *');
          SELECT pgqueue.pgq_schedule('paused', 'jobs', '11-34 * */15 * MON-FRI', paused => true);
+         SELECT pgqueue.pgq_schedule('list', 'jobs', '0,30 2 * * *', time_zone => 'Europe/Berlin');
          -- Monday the 15th: no 15-step day. Due, the last run before it.
          UPDATE pgqueue.schedules SET next_run = '2026-06-15 00:11 Europe/Berlin',
                 last_run = '2026-06-01 00:34 Europe/Berlin' WHERE name = 'due';
@@ -184,6 +185,26 @@ fn the_update_from_0_9_0_moves_next_runs_to_debian_crons_times() {
             .map(|r| (r.get(0), r.get(1)))
             .collect()
     };
+    // docs/schedules.md's query for the schedules whose meaning changes, run on 0.9.0.
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/schedules.md")).unwrap();
+    let query = doc
+        .split("```sql\n")
+        .map(|b| b.split("```").next().unwrap())
+        .find(|b| b.contains("regexp_split_to_array"))
+        .expect("the query in docs/schedules.md");
+    let mut flagged: Vec<String> = u.query(query, &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    flagged.sort();
+    assert_eq!(flagged, ["ahead", "due", "list", "paused"], "what docs/schedules.md's query finds");
+    // Before the update, 0.9.0's SQL already computes by this library's (the new) rules.
+    let first: String = u
+        .query_one(
+            "SELECT (t AT TIME ZONE 'UTC')::text
+               FROM pgqueue.pgq_cron_next('11-34 * */15 * MON-FRI', 'Europe/Berlin', '2027-03-14 03:00+00') t",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(first, "2027-03-15 23:11:00", "Tuesday the 16th, 00:11 CET");
     let before = next_runs(&mut u);
     u.batch_execute("ALTER EXTENSION pgqueue UPDATE TO '0.10.0'").unwrap();
     let after = next_runs(&mut u);
@@ -201,6 +222,7 @@ fn the_update_from_0_9_0_moves_next_runs_to_debian_crons_times() {
             ("ahead".to_string(), Some(expected_ahead)),
             // The 16th, a Tuesday, is the first 15-step weekday at or after the due time.
             ("due".into(), Some("2026-06-15 22:11:00".into())),
+            before.iter().find(|(n, _)| n == "list").unwrap().clone(),
             ("paused".into(), Some("2030-01-01 00:00:00".into())),
             same_before,
         ]
