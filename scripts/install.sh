@@ -8,8 +8,9 @@
 #   bash scripts/install.sh --pg-config /path/to/pg_config [--debug] [cargo pgrx package flags]
 #
 # Defaults: a release build with the feature for that server's major. Also installs the
-# full scripts of earlier releases (sql/releases/), so `CREATE EXTENSION pgqueue VERSION`
-# can name one. pgrx's test harness calls it as `CARGO_PGRX` (`install.sh pgrx install …`,
+# update scripts (sql/upgrade/) and the full scripts of earlier releases (sql/install/), so
+# `ALTER EXTENSION pgqueue UPDATE` finds its path and `CREATE EXTENSION pgqueue VERSION` can
+# name one. pgrx's test harness calls it as `CARGO_PGRX` (`install.sh pgrx install …`,
 # see scripts/test.sh); any other cargo-pgrx command is passed through.
 set -euo pipefail
 
@@ -59,7 +60,7 @@ cargo pgrx package $profile "${args[@]}" --out-dir "$staging" >&2
 
 extdir="$("$pg_config" --sharedir)/extension"
 mkdir -p "$staging$extdir"
-cp sql/releases/pgqueue--*.sql "$staging$extdir/"
+cp sql/upgrade/pgqueue--*--*.sql sql/install/pgqueue--*.sql "$staging$extdir/"
 
 # The package mirrors the installation's absolute paths under $staging. The library goes
 # first and the control file last, so the SQL never names a library that is not there yet.

@@ -16,40 +16,16 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 use pgrx::prelude::*;
 use pgrx::{AnyArray, Uuid};
 
-/// Where a claim on `queue` starts (the claim itself calls `start`; this is for earlier
-/// releases' SQL and for looking at the shared state): the priorities that may have
-/// claimable messages, highest first, and the msg_id to start each at (NULL: scan from the
-/// start, as without shared memory); the epoch to raise hints with; the wake-up count a
-/// waiting claim compares with; whether delayed messages may be due (promote first).
-#[pg_extern(volatile, parallel_unsafe)]
-#[allow(clippy::type_complexity)]
-fn _claim_start(
-    queue: &str,
-) -> TableIterator<
-    'static,
-    (
-        name!(priorities, Option<Vec<i16>>),
-        name!(starts, Option<Vec<i64>>),
-        name!(epoch, Option<i64>),
-        name!(seq, Option<i64>),
-        name!(promote, bool),
-    ),
-> {
-    let s = start(queue);
-    let (priorities, starts) = s.hints.map(|h| h.into_iter().unzip()).unzip();
-    TableIterator::once((priorities, starts, s.epoch, s.seq, s.promote))
-}
-
-/// Where a claim starts (see `_claim_start`).
-struct Start {
+/// Where a claim starts (also `legacy::_claim_start`).
+pub struct Start {
     /// Per priority that may have claimable messages, highest first: the msg_id to start at.
-    hints: Option<Vec<(i16, i64)>>,
-    epoch: Option<i64>,
-    seq: Option<i64>,
-    promote: bool,
+    pub hints: Option<Vec<(i16, i64)>>,
+    pub epoch: Option<i64>,
+    pub seq: Option<i64>,
+    pub promote: bool,
 }
 
-fn start(queue: &str) -> Start {
+pub fn start(queue: &str) -> Start {
     let key = Key::new(queue);
     let state = key.and_then(|key| {
         queue_state::with_lock(false, |table| {
@@ -116,17 +92,6 @@ fn _take(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64) -> bool {
     true
 }
 
-/// 0.6.0's pgq_claim calls this until `ALTER EXTENSION pgqueue UPDATE` replaces it (the
-/// library is updated first): whether the hint has not passed `msg_id` yet.
-#[pg_extern(volatile, parallel_unsafe, cost = 1000)]
-fn _ahead(queue: &str, priority: i16, msg_id: i64) -> bool {
-    let Some(key) = Key::new(queue) else { return true };
-    queue_state::with_lock(false, |table| {
-        table.entry(&key, false).is_none_or(|e| e.take(priority, None, msg_id).is_some())
-    })
-    .unwrap_or(true)
-}
-
 thread_local! {
     /// The row `_take` last handed out in this process.
     static HANDED: std::cell::Cell<Option<(Key, i16, i64)>> = const { std::cell::Cell::new(None) };
@@ -134,47 +99,14 @@ thread_local! {
 
 /// Readers that keep one snapshot for the whole transaction may not see messages committed
 /// since: they must not raise anything.
-fn snapshot_per_statement() -> bool {
+pub fn snapshot_per_statement() -> bool {
     // SAFETY: a plain read of the transaction's isolation level.
     unsafe { pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 }
 }
 
-/// A claim took `n` messages of `priority` (ids `low` to `high`, leases ending from `expiry`):
-/// raise the hint past them (if the claim started from hints at `epoch`: 0.6.0's claim; since
-/// 0.7.0 `_take` raises it row by row and the epoch is NULL), and lower it again if this rolls
-/// back; at commit the re-arm pass learns of them. Since 0.8.0 the claim (Rust) notes its rows
-/// itself (`claimed_note`): this stays for 0.6.0's and 0.7.0's SQL, which call it until
-/// `ALTER EXTENSION pgqueue UPDATE`.
-#[pg_extern(volatile, parallel_unsafe)]
-fn _claimed(
-    queue: &str,
-    priority: i16,
-    epoch: Option<i64>,
-    low: Option<i64>,
-    high: Option<i64>,
-    n: i64,
-    expiry: Option<TimestampWithTimeZone>,
-) -> bool {
-    let (Some(key), Some(low), Some(high)) = (Key::new(queue), low, high) else { return false };
-    if n <= 0 {
-        return false;
-    }
-    claimed_note(key, priority, low, high, n, expiry.map_or(i64::MIN, pg_sys::TimestampTz::from));
-    if let Some(epoch) = epoch
-        && snapshot_per_statement()
-    {
-        queue_state::with_lock(true, |table| {
-            if let Some(entry) = table.entry(&key, false) {
-                entry.raise(priority, epoch as u64, high.saturating_add(1));
-            }
-        });
-    }
-    true
-}
-
 /// Notes `n` messages of `priority` claimed (ids `low` to `high`, leases ending from
 /// `expiry`): at commit the re-arm pass learns of them; a rollback makes them claimable.
-fn claimed_note(key: Key, priority: i16, low: i64, high: i64, n: i64, expiry: pg_sys::TimestampTz) {
+pub fn claimed_note(key: Key, priority: i16, low: i64, high: i64, n: i64, expiry: pg_sys::TimestampTz) {
     let mut note = Note::new(key, Kind::Claimed);
     note.priority = priority;
     note.low = low;

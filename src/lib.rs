@@ -12,22 +12,25 @@
 
 use pgrx::prelude::*;
 
+mod bracket;
 mod claim;
 mod cron;
+mod drop_database;
 mod finish;
 mod guc;
+mod legacy;
+mod partition_files;
 mod pending;
-mod prune;
 mod queue_state;
 mod reconcile;
 mod schedule;
-mod schema;
+mod sql_files;
 mod statement;
 mod tick;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.10.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.11.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -36,7 +39,7 @@ pub extern "C-unwind" fn _PG_init() {
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     guc::init(preloading);
     pending::init();
-    prune::init();
+    partition_files::init();
     let binary_upgrade = unsafe { pg_sys::IsBinaryUpgrade };
     // Loaded into a single session (no preload): the SQL API works, but a worker can only
     // be registered while the postmaster loads `shared_preload_libraries`.
@@ -64,7 +67,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.10.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.11.0".into())));
     }
 
     #[pg_test]

@@ -3,23 +3,14 @@
 //! `pgq_tick()` — so a failing step is counted and logged and never stops the others.
 //! The steps' SQL lives in `sql/maintenance.sql`; this file only sequences and counts.
 
+use crate::bracket::Bracket;
 use crate::guc;
 use crate::queue_state;
 use pgrx::JsonB;
-use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use serde_json::{Map, Value, json};
 use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::time::Instant;
-
-/// How each step is isolated from the others.
-#[derive(Clone, Copy)]
-pub enum Bracket {
-    /// Its own top-level transaction (background worker: every step commits on its own).
-    Transaction,
-    /// A subtransaction of the caller's transaction (`pgq_tick()` from SQL).
-    Subtransaction,
-}
 
 /// What to run this time.
 pub struct Plan {
@@ -332,87 +323,13 @@ fn step<R>(
     name: &'static str,
     body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe,
 ) -> Option<R> {
-    let result = match bracket {
-        Bracket::Transaction => in_transaction(body),
-        Bracket::Subtransaction => in_subtransaction(body),
-    };
-    result
+    bracket
+        .run(body)
         .map_err(|error| {
             warning!("pgqueue: step \"{name}\" failed: {error}");
             out.failed.push((name, error));
         })
         .ok()
-}
-
-fn message(error: &CaughtError) -> String {
-    match error {
-        CaughtError::PostgresError(e) | CaughtError::ErrorReport(e) => e.message().to_string(),
-        CaughtError::RustPanic { ereport, .. } => ereport.message().to_string(),
-    }
-}
-
-/// A top-level transaction of its own (background worker only).
-pub fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, String> {
-    // SAFETY: the standard transaction bracket for a background worker.
-    unsafe {
-        pg_sys::SetCurrentStatementStartTimestamp();
-        pg_sys::StartTransactionCommand();
-        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
-    }
-    let mut body = Some(body);
-    PgTryBuilder::new(move || {
-        let result = (body.take().expect("runs once"))();
-        // SAFETY: closes the bracket opened above; a failing commit lands in the catch.
-        unsafe {
-            pg_sys::PopActiveSnapshot();
-            pg_sys::CommitTransactionCommand();
-        }
-        Ok(result)
-    })
-    .catch_others(|error| {
-        // SAFETY: without this the next StartTransactionCommand fails on a dangling state.
-        unsafe { pg_sys::AbortCurrentTransaction() };
-        Err(message(&error))
-    })
-    .execute()
-}
-
-/// A subtransaction of the caller's transaction, as PL/pgSQL's EXCEPTION blocks do it.
-fn in_subtransaction<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, String> {
-    // SAFETY: BeginInternalSubTransaction switches memory context and resource owner;
-    // both are restored on either path, as PL/pgSQL does.
-    let (context, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
-    unsafe {
-        pg_sys::BeginInternalSubTransaction(std::ptr::null());
-        pg_sys::MemoryContextSwitchTo(context);
-    }
-    let restore = move || unsafe {
-        pg_sys::MemoryContextSwitchTo(context);
-        pg_sys::CurrentResourceOwner = owner;
-    };
-    let mut body = Some(body);
-    PgTryBuilder::new(move || {
-        let result = (body.take().expect("runs once"))();
-        unsafe { pg_sys::ReleaseCurrentSubTransaction() };
-        restore();
-        Ok(result)
-    })
-    .catch_others(move |error| {
-        unsafe {
-            pg_sys::MemoryContextSwitchTo(context);
-            pg_sys::RollbackAndReleaseCurrentSubTransaction();
-        }
-        restore();
-        // A cancel or statement timeout is the caller's, not a step's failure: pass it on,
-        // as PL/pgSQL's WHEN OTHERS does.
-        if let CaughtError::PostgresError(e) | CaughtError::ErrorReport(e) = &error
-            && e.sql_error_code() == PgSqlErrorCode::ERRCODE_QUERY_CANCELED
-        {
-            error.rethrow();
-        }
-        Err(message(&error))
-    })
-    .execute()
 }
 
 /// Runs one tick of the background worker's housekeeping in this session: for servers

@@ -42,14 +42,7 @@ const FALLBACK_STEP_MS: i64 = 50;
 
 /// Sleeps until `queue`'s wake-up count differs from `seen` (returns true) or until
 /// `deadline` (false). Interrupts (cancel, statement_timeout, termination) end it with the
-/// usual error; postmaster death ends the process.
-#[pg_extern(volatile, parallel_unsafe)]
-fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> bool {
-    sleep(queue, seen, deadline)
-}
-
-/// `_wait`, as the claim calls it (`_wait` stays for 0.7.0's SQL, which calls it until
-/// `ALTER EXTENSION pgqueue UPDATE`).
+/// usual error; postmaster death ends the process. (Also `legacy::_wait`.)
 pub fn sleep(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> bool {
     let deadline = pg_sys::TimestampTz::from(deadline);
     let key = Key::new(queue);

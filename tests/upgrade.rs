@@ -145,6 +145,11 @@ fn alter_extension_update_from_0_9_0_equals_a_fresh_install() {
     update_from("0.9.0");
 }
 
+#[test]
+fn alter_extension_update_from_0_10_0_equals_a_fresh_install() {
+    update_from("0.10.0");
+}
+
 /// Updates quiet the workers of the whole cluster for a while: one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -239,7 +244,7 @@ fn the_update_from_0_9_0_moves_next_runs_to_debian_crons_times() {
     c.batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).unwrap();
 }
 
-/// Creates the extension at an earlier release (`sql/releases/`), fills it, updates it to
+/// Creates the extension at an earlier release (`sql/install/`), fills it, updates it to
 /// this build's version, and compares it with a fresh install.
 fn update_from(previous: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -253,7 +258,7 @@ fn update_from(previous: &str) {
     // The previous release, filled, with its worker (this build's library) ticking in it.
     let mut u = connect_to(&old);
     u.batch_execute(&format!("CREATE EXTENSION pgqueue VERSION '{previous}'")).unwrap_or_else(|e| {
-        panic!("{e}: is sql/releases/pgqueue--{previous}.sql installed? (scripts/install.sh installs it)")
+        panic!("{e}: is sql/install/pgqueue--{previous}.sql installed? (scripts/install.sh installs it)")
     });
     let live = fill(&mut u);
     wait_for("the worker to re-arm the expired claim", LIMIT, || {

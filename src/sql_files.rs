@@ -1,6 +1,7 @@
 //! The extension's SQL, in the order it is installed: the schema (tables, indexes, roles),
 //! the argument checks every API function shares, one file per API family, the metrics
-//! views, and finally the privileges.
+//! views, their descriptions (COMMENT ON), and finally the privileges. Upgrade scripts are in
+//! `sql/upgrade/`, earlier releases' full scripts in `sql/install/` (scripts/install.sh).
 
 pgrx::extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 pgrx::extension_sql_file!("../sql/errors.sql", name = "errors", requires = ["schema"]);
@@ -15,4 +16,5 @@ pgrx::extension_sql_file!(
     name = "stats",
     requires = ["maintenance", reconcile::_queue_depth, queue_state::_shared_state, schedule::_local_time]
 );
+pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", requires = ["stats"]);
 pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);

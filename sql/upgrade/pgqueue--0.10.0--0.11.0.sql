@@ -1,0 +1,3 @@
+-- pgqueue 0.10.0 -> 0.11.0: descriptions for the public functions, views and tables (the
+-- same COMMENT ON statements as sql/comments.sql, which fresh installs run). No function,
+-- table or row changes.

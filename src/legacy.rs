@@ -1,0 +1,93 @@
+//! C functions that only earlier releases' SQL calls. The library is updated (and the server
+//! restarted) before `ALTER EXTENSION pgqueue UPDATE`, so for that while this library runs
+//! the previous release's SQL; and no C function a released script names is ever removed.
+//! Each says which releases' SQL calls it:
+//!
+//! | function | called by the SQL of |
+//! |---|---|
+//! | `_claim_start` | 0.3.0 – 0.7.0 (`pgq_claim`) |
+//! | `_claimed` | 0.3.0 – 0.7.0 (`pgq_claim`) |
+//! | `_wait` | 0.3.0 – 0.7.0 (`pgq_claim` with `wait`) |
+//! | `_ahead` | 0.5.0 – 0.6.0 (`pgq_claim`) |
+
+use crate::claim;
+use crate::queue_state::{self, Key};
+use crate::wait;
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+
+/// Where a claim on `queue` starts (the claim itself calls `start`; this is for earlier
+/// releases' SQL and for looking at the shared state): the priorities that may have
+/// claimable messages, highest first, and the msg_id to start each at (NULL: scan from the
+/// start, as without shared memory); the epoch to raise hints with; the wake-up count a
+/// waiting claim compares with; whether delayed messages may be due (promote first).
+#[pg_extern(volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity)]
+fn _claim_start(
+    queue: &str,
+) -> TableIterator<
+    'static,
+    (
+        name!(priorities, Option<Vec<i16>>),
+        name!(starts, Option<Vec<i64>>),
+        name!(epoch, Option<i64>),
+        name!(seq, Option<i64>),
+        name!(promote, bool),
+    ),
+> {
+    let s = claim::start(queue);
+    let (priorities, starts) = s.hints.map(|h| h.into_iter().unzip()).unzip();
+    TableIterator::once((priorities, starts, s.epoch, s.seq, s.promote))
+}
+
+/// A claim took `n` messages of `priority` (ids `low` to `high`, leases ending from `expiry`):
+/// raise the hint past them (if the claim started from hints at `epoch`: 0.6.0's claim; since
+/// 0.7.0 `_take` raises it row by row and the epoch is NULL), and lower it again if this rolls
+/// back; at commit the re-arm pass learns of them. Since 0.8.0 the claim (Rust) notes its rows
+/// itself (`claimed_note`): this stays for 0.6.0's and 0.7.0's SQL, which call it until
+/// `ALTER EXTENSION pgqueue UPDATE`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _claimed(
+    queue: &str,
+    priority: i16,
+    epoch: Option<i64>,
+    low: Option<i64>,
+    high: Option<i64>,
+    n: i64,
+    expiry: Option<TimestampWithTimeZone>,
+) -> bool {
+    let (Some(key), Some(low), Some(high)) = (Key::new(queue), low, high) else { return false };
+    if n <= 0 {
+        return false;
+    }
+    claim::claimed_note(key, priority, low, high, n, expiry.map_or(i64::MIN, pg_sys::TimestampTz::from));
+    if let Some(epoch) = epoch
+        && claim::snapshot_per_statement()
+    {
+        queue_state::with_lock(true, |table| {
+            if let Some(entry) = table.entry(&key, false) {
+                entry.raise(priority, epoch as u64, high.saturating_add(1));
+            }
+        });
+    }
+    true
+}
+
+/// 0.6.0's pgq_claim calls this until `ALTER EXTENSION pgqueue UPDATE` replaces it (the
+/// library is updated first): whether the hint has not passed `msg_id` yet.
+#[pg_extern(volatile, parallel_unsafe, cost = 1000)]
+fn _ahead(queue: &str, priority: i16, msg_id: i64) -> bool {
+    let Some(key) = Key::new(queue) else { return true };
+    queue_state::with_lock(false, |table| {
+        table.entry(&key, false).is_none_or(|e| e.take(priority, None, msg_id).is_some())
+    })
+    .unwrap_or(true)
+}
+
+/// Sleeps until `queue`'s wake-up count differs from `seen` (returns true) or until
+/// `deadline` (false). Interrupts (cancel, statement_timeout, termination) end it with the
+/// usual error; postmaster death ends the process.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> bool {
+    wait::sleep(queue, seen, deadline)
+}
