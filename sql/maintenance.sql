@@ -117,7 +117,7 @@ $$;
 -- How many rows a history partition holds, and the latest finished_at among them, for
 -- pgq_prune (which holds the partition locked). Counted 64 pages at a time: one scan of a
 -- large partition held the consumers' claims and acks up for 12-25 ms on a 2-core machine,
--- short ones for about a third of that (BENCHMARKS.md, "A prune that holds up no commit").
+-- short ones for about a third of that (docs/benchmarks/history.md, "A prune that holds up no commit").
 CREATE FUNCTION pgqueue._count_history_part(part regclass, OUT n bigint, OUT newest timestamptz)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE

@@ -70,6 +70,27 @@ mod tests {
         assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.11.0".into())));
     }
 
+    /// `\df+`, `\dv+` and `\dt+` describe every public function, every view and every table
+    /// (sql/comments.sql); internal functions (`_`-prefixed) are left undescribed.
+    #[pg_test]
+    fn every_public_function_view_and_table_has_a_description() {
+        let missing = Spi::get_one::<String>(
+            "SELECT nullif(concat_ws(', ',
+                 (SELECT string_agg(c.oid::regclass::text, ', ') FROM pg_class c
+                   WHERE c.relnamespace = 'pgqueue'::regnamespace AND c.relkind IN ('r', 'p', 'v')
+                     AND NOT c.relispartition AND obj_description(c.oid, 'pg_class') IS NULL),
+                 (SELECT string_agg(p.oid::regprocedure::text, ', ') FROM pg_proc p
+                   WHERE p.pronamespace = 'pgqueue'::regnamespace AND p.proname LIKE 'pgq\\_%'
+                     AND obj_description(p.oid, 'pg_proc') IS NULL)), '')",
+        );
+        assert_eq!(missing, Ok(None), "undescribed");
+        let internal = Spi::get_one::<i64>(
+            "SELECT count(*) FROM pg_proc p WHERE p.pronamespace = 'pgqueue'::regnamespace
+                AND p.proname LIKE '\\_%' AND obj_description(p.oid, 'pg_proc') IS NOT NULL",
+        );
+        assert_eq!(internal, Ok(Some(0)));
+    }
+
     #[pg_test]
     fn test_worker_state_row_exists() {
         let rows = Spi::get_one::<i64>("SELECT count(*) FROM pgqueue.worker_state");

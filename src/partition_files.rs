@@ -1,8 +1,8 @@
 //! The end of a prune: the old files of a truncated history partition. PostgreSQL frees them
 //! in one go once the pruning transaction commits, and on a file system that discards freed
 //! blocks as it goes (ext4 mounted with `discard`, as cloud disks often are) freeing 150 MB
-//! at once held every other commit's WAL flush for 10–30 ms (BENCHMARKS.md, "A prune that
-//! holds up no commit"). So at commit, right before PostgreSQL deletes them, the files are cut
+//! at once held every other commit's WAL flush for 10–30 ms (docs/benchmarks/history.md, "A
+//! prune that holds up no commit"). So at commit, right before PostgreSQL deletes them, the files are cut
 //! down from the end a few megabytes at a time, each step flushed on its own.
 //!
 //! Only files that this very commit deletes are touched: they are looked up in PostgreSQL's

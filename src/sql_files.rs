@@ -16,5 +16,9 @@ pgrx::extension_sql_file!(
     name = "stats",
     requires = ["maintenance", reconcile::_queue_depth, queue_state::_shared_state, schedule::_local_time]
 );
-pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", requires = ["stats"]);
+pgrx::extension_sql_file!(
+    "../sql/comments.sql",
+    name = "comments",
+    requires = ["stats", claim::pgq_claim, claim::pgq_ack_claim, tick::pgq_tick, pgq_version]
+);
 pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);

@@ -1,0 +1,90 @@
+-- One-line descriptions of pgqueue's public functions, views and tables, as psql's \df+, \dv+
+-- and \dt+ show them (from 0.11.0). One line each, lower case, no final period.
+
+-- Queues
+COMMENT ON FUNCTION pgqueue.pgq_create_queue(text, interval, integer, boolean, interval, boolean) IS
+    'create a queue with its lease, max_attempts and retention, and its history partitions';
+COMMENT ON FUNCTION pgqueue.pgq_drop_queue(text, boolean) IS
+    'drop a queue with its messages, keys and history; refused while messages are claimed, unless force';
+COMMENT ON FUNCTION pgqueue.pgq_pause_queue(text) IS
+    'pause a queue: sends still go in, claims return nothing';
+COMMENT ON FUNCTION pgqueue.pgq_resume_queue(text) IS
+    'resume a paused queue and wake its waiting claims';
+
+-- Sending
+COMMENT ON FUNCTION pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb, text, interval) IS
+    'enqueue one message (delay, priority, headers, unique key); returns its msg_id';
+COMMENT ON FUNCTION pgqueue.pgq_send_batch(text, jsonb[], interval, smallint, jsonb, text[], interval) IS
+    'enqueue up to 10,000 messages in one statement; returns their msg_ids in array order';
+
+-- Claiming and finishing
+COMMENT ON FUNCTION pgqueue.pgq_claim(text, integer, interval, text, boolean, interval) IS
+    'claim up to qty messages with a lease, highest priority first; can wait for messages to arrive';
+COMMENT ON FUNCTION pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval) IS
+    'ack finished claims and claim the next messages in one statement: a consumer''s round trip';
+COMMENT ON FUNCTION pgqueue.pgq_ack(bigint, uuid) IS
+    'complete a claimed message; false if the claim was lost';
+COMMENT ON FUNCTION pgqueue.pgq_ack(bigint[], uuid[]) IS
+    'complete claimed messages; returns the ids completed';
+COMMENT ON FUNCTION pgqueue.pgq_nack(bigint, uuid, interval, text) IS
+    'give a claimed message back for a retry later, or dead-letter it on its last attempt';
+COMMENT ON FUNCTION pgqueue.pgq_fail(bigint, uuid, text) IS
+    'dead-letter a claimed message now';
+COMMENT ON FUNCTION pgqueue.pgq_renew(bigint, uuid, interval) IS
+    'extend the lease of a claim still held; false if the claim was lost';
+COMMENT ON FUNCTION pgqueue.pgq_renew(bigint[], uuid[], interval) IS
+    'extend the leases of claims still held; returns their ids';
+COMMENT ON FUNCTION pgqueue.pgq_redrive(text, bigint[]) IS
+    'make a queue''s dead letters claimable again with a fresh attempt count; returns how many';
+
+-- Schedules
+COMMENT ON FUNCTION pgqueue.pgq_schedule(text, text, text, jsonb, text, smallint, jsonb, boolean, text, interval) IS
+    'create or replace a periodic schedule (cron pattern in a time zone); returns its next run';
+COMMENT ON FUNCTION pgqueue.pgq_unschedule(text, boolean) IS
+    'delete a schedule; the messages it enqueued stay';
+COMMENT ON FUNCTION pgqueue.pgq_pause_schedule(text) IS
+    'pause a schedule: it enqueues nothing until resumed';
+COMMENT ON FUNCTION pgqueue.pgq_resume_schedule(text) IS
+    'resume a paused schedule from its first time after now';
+COMMENT ON FUNCTION pgqueue.pgq_cron_next(text, text, timestamptz, integer) IS
+    'the next times of a cron pattern in a time zone, as schedules fire them';
+
+-- Maintenance and inspecting
+COMMENT ON FUNCTION pgqueue.pgq_tick() IS
+    'run one tick of the background worker''s housekeeping in this session; returns the steps that failed';
+COMMENT ON FUNCTION pgqueue.pgq_rearm(integer, text) IS
+    'make expired claims claimable again, or dead-letter those without attempts left';
+COMMENT ON FUNCTION pgqueue.pgq_prune(text) IS
+    'remove history past each queue''s retention, a day partition at a time';
+COMMENT ON FUNCTION pgqueue.pgq_version() IS
+    'the version of the pgqueue library loaded';
+COMMENT ON TYPE pgqueue.prune_result IS
+    'one row of pgq_prune: queue, partition, outcome and rows removed';
+
+-- Views
+COMMENT ON VIEW pgqueue.queue_stats IS
+    'per queue, counted exactly: ready, delayed, claimed, expired and dead messages, oldest ages';
+COMMENT ON VIEW pgqueue.queue_depth IS
+    'per queue, from shared memory without counting: approximate depths, waiting claims, wake-ups';
+COMMENT ON VIEW pgqueue.worker_stats IS
+    'what the background worker has done in this database: last tick, counters, last error';
+COMMENT ON VIEW pgqueue.schedule_stats IS
+    'per schedule: next run, last run and its lateness, run counts, last error';
+COMMENT ON VIEW pgqueue.shared_state IS
+    'pgqueue''s shared memory, all databases: max_queues, queues tracked, times it was full';
+
+-- Tables
+COMMENT ON TABLE pgqueue.queues IS
+    'queue settings, one row per queue: lease, max_attempts, retention, paused';
+COMMENT ON TABLE pgqueue.messages IS
+    'messages waiting (ready or delayed) or claimed; finished ones move to pgqueue.history';
+COMMENT ON TABLE pgqueue.history IS
+    'completed and dead-lettered messages, partitioned by queue and day, kept for the queue''s retention';
+COMMENT ON TABLE pgqueue.schedules IS
+    'periodic schedules: pattern, time zone, message to enqueue, next run and counters';
+COMMENT ON TABLE pgqueue.dedup_keys IS
+    'unique-job keys taken, per queue, and until when a finished message keeps its key';
+COMMENT ON TABLE pgqueue.worker_state IS
+    'one row: the counters behind pgqueue.worker_stats, written at every tick';
+COMMENT ON TABLE pgqueue.prune_state IS
+    'queues whose pruning backs off after being blocked or skipped';
