@@ -11,6 +11,8 @@ END;
 -- Step "orphans": session-bound claims whose backend has exited (same pid and start time no
 -- longer alive in this database) get an expired lease, so the re-arm step that follows makes
 -- them claimable. "In this database": a restored copy's claims belong to no session here.
+-- No `state = 'claimed'` (the CHECK constraint implies it): with it, the planner may walk
+-- messages_claimed_idx from the start, dead entries and all (see messages_session_idx).
 CREATE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
@@ -19,7 +21,7 @@ BEGIN ATOMIC
          WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
     ), orphaned AS (
         SELECT m.msg_id FROM pgqueue.messages m
-         WHERE m.state = 'claimed' AND m.session_pid IS NOT NULL AND m.lease_expires_at > now()
+         WHERE m.session_pid IS NOT NULL AND m.lease_expires_at > now()
            AND NOT EXISTS (SELECT FROM alive a
                             WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
            FOR UPDATE OF m SKIP LOCKED

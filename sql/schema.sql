@@ -63,9 +63,11 @@ CREATE INDEX messages_claimed_idx ON pgqueue.messages (msg_id)
     WHERE state = 'claimed';
 
 -- Session-bound claims, so the worker finds those whose backend has gone without
--- scanning every claim.
+-- scanning every claim. The predicate leaves `state` out (messages_session_only_when_claimed
+-- implies it): a query for session-bound claims then cannot be served by
+-- messages_claimed_idx, whose dead entries behind a pinned horizon the planner cannot see.
 CREATE INDEX messages_session_idx ON pgqueue.messages (session_pid)
-    WHERE state = 'claimed' AND session_pid IS NOT NULL;
+    WHERE session_pid IS NOT NULL;
 
 -- Unique jobs: one row per (queue, key) taken by a send with a dedup_key. The primary key is
 -- what keeps a second copy out, under any concurrency. expires_at is NULL while the message

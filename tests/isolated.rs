@@ -443,7 +443,9 @@ fn a_pinned_horizon_does_not_make_the_rearm_pass_walk_dead_entries() {
     let (before, rearmed_before) = (claimed_idx_reads(&mut c), rearmed(&mut c));
     // The first of these re-arms the expired claim, walking the live claims only; the others
     // find that no lease can have ended and walk nothing.
+    let mut ticks = vec![];
     for _ in 0..5 {
+        let at = claimed_idx_reads(&mut c);
         let failed: Vec<String> = c
             .query("SELECT step || ': ' || error FROM pgqueue.pgq_tick()", &[])
             .unwrap()
@@ -451,6 +453,8 @@ fn a_pinned_horizon_does_not_make_the_rearm_pass_walk_dead_entries() {
             .map(|r| r.get(0))
             .collect();
         assert!(failed.is_empty(), "{failed:?}");
+        let batches: i64 = c.query_one("SELECT rescue_batches FROM pgqueue.worker_stats", &[]).unwrap().get(0);
+        ticks.push(format!("{} read, re-arm batches so far {batches}", claimed_idx_reads(&mut c) - at));
     }
     let read = claimed_idx_reads(&mut c) - before;
     assert_eq!(rearmed(&mut c) - rearmed_before, 1, "the expired claim was re-armed");
@@ -471,11 +475,34 @@ fn a_pinned_horizon_does_not_make_the_rearm_pass_walk_dead_entries() {
     drop((pin, c));
     connect().batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).unwrap();
     let summary = format!(
-        "5 ticks read {read} in-flight index entries; one scan from the start reads {from_start} (shared state {shared})"
+        "5 ticks read {read} in-flight index entries; one scan from the start reads {from_start} (shared state {shared}; per tick: {ticks:?})"
     );
     assert!(from_start >= 20_000, "the pin keeps the finished messages' entries: {summary}");
     assert!(read <= 5 * 20, "{summary}");
     eprintln!("{summary}");
+}
+
+/// The orphan step (session-bound claims whose backend has gone) cannot be served by the
+/// in-flight index at all, so no planner estimate can make it walk that index's dead
+/// entries (it did, now and then, before 0.11.0): without messages_session_idx and with
+/// sequential scans discouraged, its plan still does not use messages_claimed_idx.
+#[test]
+fn the_orphan_step_cannot_walk_the_in_flight_index() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut c, notices) = explaining_session("SET enable_seqscan = off");
+    let q = unique_queue("orphans");
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
+    c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap();
+    c.execute("SELECT count(*) FROM pgqueue.pgq_claim($1, session_bound => true)", &[&q]).unwrap();
+    notices.lock().unwrap().clear();
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute("DROP INDEX pgqueue.messages_session_idx").unwrap();
+    let expired: i64 = tx.query_one("SELECT pgqueue._expire_orphaned_claims()", &[]).unwrap().get(0);
+    tx.rollback().unwrap();
+    assert_eq!(expired, 0, "its claimer is alive");
+    let plans = notices.lock().unwrap().join("\n");
+    assert!(plans.contains("\"Relation Name\": \"messages\""), "the step's plan was seen: {plans}");
+    assert!(!plans.contains("messages_claimed_idx"), "{plans}");
 }
 
 /// pgq_claim's statements are never JIT-compiled, whatever the session's JIT settings: its

@@ -1,6 +1,37 @@
--- pgqueue 0.10.0 -> 0.11.0: descriptions for the public functions, views and tables (the
--- same COMMENT ON statements as sql/comments.sql, which fresh installs run). No function,
--- table or row changes.
+-- pgqueue 0.10.0 -> 0.11.0.
+--
+-- 1. The worker's orphan step no longer walks the in-flight index from its start: its query
+--    leaves `state = 'claimed'` out, and messages_session_idx is rebuilt with a predicate
+--    that leaves it out too, so only that index (or the table) can serve the step. Building
+--    it reads pgqueue.messages under a SHARE lock: sends, claims and acks wait meanwhile
+--    (for a time that grows with its rows). The index stays empty unless claims are
+--    session-bound.
+-- 2. Descriptions for the public functions, views and tables (the same COMMENT ON
+--    statements as sql/comments.sql, which fresh installs run).
+
+DROP INDEX pgqueue.messages_session_idx;
+CREATE INDEX messages_session_idx ON pgqueue.messages (session_pid)
+    WHERE session_pid IS NOT NULL;
+
+CREATE OR REPLACE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH alive AS MATERIALIZED (
+        SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
+         WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+    ), orphaned AS (
+        SELECT m.msg_id FROM pgqueue.messages m
+         WHERE m.session_pid IS NOT NULL AND m.lease_expires_at > now()
+           AND NOT EXISTS (SELECT FROM alive a
+                            WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
+           FOR UPDATE OF m SKIP LOCKED
+    ), expired AS (
+        UPDATE pgqueue.messages m SET lease_expires_at = now()
+          FROM orphaned o WHERE m.msg_id = o.msg_id
+        RETURNING m.msg_id
+    )
+    SELECT count(*) FROM expired;
+END;
 
 COMMENT ON FUNCTION pgqueue.pgq_create_queue(text, interval, integer, boolean, interval, boolean) IS
     'create a queue with its lease, max_attempts and retention, and its history partitions';
