@@ -9,7 +9,7 @@
 mod common;
 
 use common::server::Server;
-use common::{Client, wait_for};
+use common::{Client, count, wait_for};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -44,10 +44,6 @@ fn run_ok(what: &str, command: &mut Command) -> Output {
 fn require(program: &str, version_arg: &str) {
     let found = Command::new(program).arg(version_arg).output().is_ok_and(|o| o.status.success());
     assert!(found, "`{program}` not found or not working: run scripts/setup.sh (it installs it)");
-}
-
-fn count(c: &mut Client, sql: &str, q: &str) -> i64 {
-    c.query_one(sql, &[&q]).unwrap().get(0)
 }
 
 fn waiting_claims(c: &mut Client, q: &str) -> i64 {
