@@ -5,7 +5,7 @@
 //! survives `pg_terminate_backend` of its connections and a server restart without losing or
 //! doubling a message.
 
-mod common;
+use crate::common;
 
 use common::server::Server;
 use common::{Client, Finished, count, history, wait_for};
@@ -109,6 +109,7 @@ fn waiting_claims(c: &mut Client, q: &str) -> i64 {
 
 #[test]
 fn sends_belong_to_the_callers_transaction() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -183,6 +184,7 @@ fn sends_belong_to_the_callers_transaction() {
 
 #[test]
 fn a_worker_handles_every_message_exactly_once() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -221,6 +223,7 @@ fn io_work() -> std::io::Result<()> {
 
 #[test]
 fn handler_errors_nack_with_their_text_or_dead_letter() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -273,6 +276,7 @@ fn handler_errors_nack_with_their_text_or_dead_letter() {
 
 #[test]
 fn renewals_keep_a_long_job_past_its_lease() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -308,6 +312,7 @@ fn renewals_keep_a_long_job_past_its_lease() {
 
 #[test]
 fn a_stopping_worker_finishes_or_gives_back_what_it_holds() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -364,6 +369,7 @@ fn a_stopping_worker_finishes_or_gives_back_what_it_holds() {
 
 #[test]
 fn a_worker_reconnects_after_terminated_sessions_and_a_restart() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -439,6 +445,7 @@ fn a_worker_reconnects_after_terminated_sessions_and_a_restart() {
 
 #[test]
 fn an_unknown_queue_or_a_bad_setting_is_an_error() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let config = WorkerConfig::new(server.dsn("postgres"), "no_such_queue");

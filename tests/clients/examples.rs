@@ -6,7 +6,7 @@
 //! The toolchains come from `scripts/setup.sh` (Node and npm, the Node example's
 //! node_modules in the cache, Debian's Go and lib/pq); a missing one fails the test.
 
-mod common;
+use crate::common;
 
 use common::server::Server;
 use common::{Client, count, wait_for};
@@ -148,6 +148,7 @@ fn producer_and_worker(example: &Example) {
 
 #[test]
 fn node_producer_and_worker() {
+    let _turn = common::file_turn(file!());
     require("node", "--version");
     let node_modules = cache().join("node-example/node_modules");
     assert!(
@@ -175,6 +176,7 @@ fn node_producer_and_worker() {
 
 #[test]
 fn go_producer_and_worker() {
+    let _turn = common::file_turn(file!());
     require("go", "version");
     let pq = Path::new("/usr/share/gocode/src/github.com/lib/pq");
     assert!(pq.join("go.mod").exists(), "lib/pq is missing from {}: run scripts/setup.sh", pq.display());

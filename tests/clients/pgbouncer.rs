@@ -8,7 +8,7 @@
 //! twice while a lease is live, and a claim re-armed under a consumer that still works is
 //! fenced (its ack changes nothing) rather than completed twice.
 
-mod common;
+use crate::common;
 
 use common::server::Server;
 use common::{Claimed, Client, wait_for};
@@ -194,6 +194,7 @@ fn ack_through_pgbouncer(c: &mut Client, id: i64, token: Uuid) -> bool {
 
 #[test]
 fn every_api_function_works_through_pgbouncer() {
+    let _turn = common::file_turn(file!());
     let (server, bouncer) = setup();
     let mut direct = server.connect("postgres");
     let mut a = bouncer.connect();
@@ -423,6 +424,7 @@ fn every_api_function_works_through_pgbouncer() {
 /// prepared on one server connection is missing on the next one a client gets.
 #[test]
 fn named_prepared_statements_do_not_survive_transaction_pooling() {
+    let _turn = common::file_turn(file!());
     let (_server, bouncer) = setup();
     let mut a = bouncer.connect();
     let mut b = bouncer.connect();
@@ -448,6 +450,7 @@ fn named_prepared_statements_do_not_survive_transaction_pooling() {
 /// `binary_parameters=yes`, which sends a statement and its values in one round trip).
 #[test]
 fn a_statement_name_can_run_another_clients_statement() {
+    let _turn = common::file_turn(file!());
     let (server, bouncer) = setup();
     let mut direct = server.connect("postgres");
     direct.batch_execute("SELECT pgqueue.pgq_create_queue('jobs'); SELECT pgqueue.pgq_send('jobs', '{}')").unwrap();
@@ -477,6 +480,7 @@ fn a_statement_name_can_run_another_clients_statement() {
 /// nothing and say so): the message is completed once.
 #[test]
 fn session_bound_claims_through_pgbouncer_are_harmless() {
+    let _turn = common::file_turn(file!());
     let (server, bouncer) = setup();
     let mut direct = server.connect("postgres");
     let mut producer = bouncer.connect();
@@ -614,6 +618,7 @@ print(json.dumps({"runs": sum(runs.values()), "distinct": len(runs),
 
 #[test]
 fn python_producers_and_workers_through_pgbouncer() {
+    let _turn = common::file_turn(file!());
     let (server, bouncer) = setup();
     let mut direct = server.connect("postgres");
     direct.batch_execute("SELECT pgqueue.pgq_create_queue('py')").unwrap();
@@ -702,6 +707,7 @@ async fn produce_rust(dsn: String, queue: &str, p: i64, n: i64) -> pgqueue_clien
 /// that another server connection lacks or knows as another client's statement.
 #[test]
 fn rust_client_producers_and_workers_through_pgbouncer() {
+    let _turn = common::file_turn(file!());
     let (server, bouncer) = setup();
     let mut direct = server.connect("postgres");
     direct.batch_execute("SELECT pgqueue.pgq_create_queue('rs')").unwrap();

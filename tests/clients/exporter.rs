@@ -5,7 +5,7 @@
 //! values under their Prometheus names and types, without a query error (in its metrics and
 //! in its log). The Grafana dashboard and the alert rules may only use metrics it served.
 
-mod common;
+use crate::common;
 
 use common::server::Server;
 use common::{Client, claim, claim_one, send_many, wait_for};
@@ -154,6 +154,7 @@ fn fail(c: &mut Client, q: &str) {
 
 #[test]
 fn exporter_serves_the_queries_of_monitoring() {
+    let _turn = common::file_turn(file!());
     // The worker off: the claims stay expired and the counters move only by our pgq_tick().
     let server = Server::with_pgqueue(&["pgqueue.enabled = off"]);
     let mut c = server.connect("postgres");
@@ -352,6 +353,7 @@ fn exporter_serves_the_queries_of_monitoring() {
 /// record: its metrics are served all the same, with `pgqueue_tracked` 0.
 #[test]
 fn an_untracked_queue_keeps_its_metrics() {
+    let _turn = common::file_turn(file!());
     drop(common::connect()); // installs the extension into the trees
     let server = Server::init(&common::server::bindir(common::server::this_major()), &[]);
     server.start();
@@ -380,6 +382,7 @@ fn an_untracked_queue_keeps_its_metrics() {
 
 #[test]
 fn promtool_checks_the_rules_and_the_dashboard() {
+    let _turn = common::file_turn(file!());
     let dir = repo().join("monitoring");
     promtool(&["check", "rules", "alerts.yml"], &dir);
     promtool(&["test", "rules", "alerts.test.yml"], &dir);

@@ -8,7 +8,7 @@
 //! The restored schema and data are compared with the source's own dumps, so an object that
 //! pgqueue starts creating one day and that does not survive a round trip fails here.
 
-mod common;
+use crate::common;
 
 use common::server::{bindir, this_major};
 use common::{Client, ack_by, claim_one, connect, connect_to, message, wait_for, workers_only_in};
@@ -177,6 +177,7 @@ fn rows(c: &mut Client, table: &str, order: &str) -> Vec<String> {
 
 #[test]
 fn dumps_restore_into_a_new_database_with_everything_pgqueue_made() {
+    let _turn = common::file_turn(file!());
     let mut c = connect();
     let test_db: String = c.query_one("SELECT current_database()::text", &[]).unwrap().get(0);
     // Phase 1, with no worker in the source or the copies: each restored copy must equal the
