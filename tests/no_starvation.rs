@@ -1145,7 +1145,7 @@ impl Threads {
 
 /// Everything the test did to the messages `ids` (at most 6 of them), in time order, and the
 /// claims of their queue and priority around their last event.
-fn history(ids: &[i64], produced: &[Produced], consumed: &[Consumed], redriven: &Redriven, t0: f64) -> String {
+fn story_of(ids: &[i64], produced: &[Produced], consumed: &[Consumed], redriven: &Redriven, t0: f64) -> String {
     let mut out = String::new();
     for &id in ids.iter().take(6) {
         let mut events: Vec<(f64, String)> = vec![];
@@ -1310,7 +1310,7 @@ fn nothing_starves() {
     sh.stop.store(true, SeqCst);
     let Joined { produced, consumed, redriven, runs, samples, failed } = threads.join();
     if let Err(stuck) = outcome {
-        let story = history(&stuck.ids, &produced, &consumed, &redriven, run_started);
+        let story = story_of(&stuck.ids, &produced, &consumed, &redriven, run_started);
         panic!("{}\nwhat the test did to them (times in s since the load started):\n{story}", stuck.what);
     }
     ctl.check_failures();

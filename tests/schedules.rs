@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{Client, connect, unique_queue, wait_for};
+use common::{Client, connect, new_queue, unique_queue, wait_for};
 use postgres::GenericClient;
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,12 +49,6 @@ impl Drop for Scope {
     fn drop(&mut self) {
         let _ = connect().execute("DELETE FROM pgqueue.schedules WHERE starts_with(name, $1)", &[&self.prefix]);
     }
-}
-
-fn new_queue(c: &mut impl GenericClient) -> String {
-    let q = unique_queue("sq");
-    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
-    q
 }
 
 /// Creates or replaces a schedule; returns its next run (epoch seconds). `options`: more
@@ -239,7 +233,7 @@ fn an_every_second_schedule_fires_each_slot_once_through_worker_kills_and_concur
     let _serial = serial();
     let scope = Scope::new("each");
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let name = scope.name("tick");
     let first = schedule(&mut c, &name, &q, "* * * * * *", "");
 
@@ -493,7 +487,7 @@ fn daylight_saving_transitions_are_computed_and_fired_by_the_documented_rules() 
 
     // Fired: all in one transaction, rolled back. Every step is checked (from the state it
     // should start from), and the test reports all that went wrong.
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let mut tx = c.transaction().unwrap();
     let mut wrong = vec![];
     for (i, case) in DST_CASES.iter().enumerate() {
@@ -608,59 +602,12 @@ fn patterns_mean_what_debian_cron_makes_of_them() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
-/// Every SQL example of docs/schedules.md runs (in one transaction, rolled back), and each
-/// statement followed by `--  <value>` lines returns those values (first column, as text).
-#[test]
-fn the_sql_examples_of_docs_schedules_md_give_what_it_says() {
-    let _serial = serial();
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/schedules.md")).unwrap();
-    // (statement, the values it is documented to return)
-    let mut statements: Vec<(String, Vec<String>)> = vec![];
-    for block in doc.split("```sql\n").skip(1).map(|b| b.split("```").next().unwrap()) {
-        let mut statement = String::new();
-        for line in block.lines() {
-            if let Some(value) = line.strip_prefix("--  ") {
-                let (_, expected) = statements.last_mut().expect("a value after a statement");
-                expected.push(value.split("  ").next().unwrap().trim().to_string());
-            } else {
-                statement.push_str(line);
-                statement.push('\n');
-                if line.trim_end().ends_with(';') {
-                    statements.push((std::mem::take(&mut statement), vec![]));
-                }
-            }
-        }
-        assert!(statement.trim().is_empty(), "a statement without its ';': {statement}");
-    }
-    assert!(statements.len() >= 8, "{} statements", statements.len());
-    let documented = statements.iter().filter(|(_, e)| !e.is_empty()).count();
-    assert!(documented >= 5, "{documented} statements with documented values");
-    let mut c = connect();
-    let mut tx = c.transaction().unwrap();
-    let mut wrong = vec![];
-    for (statement, expected) in &statements {
-        let rows = tx.simple_query(statement).unwrap_or_else(|e| panic!("{statement}: {e}"));
-        let got: Vec<String> = rows
-            .iter()
-            .filter_map(|m| match m {
-                postgres::SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("NULL").to_string()),
-                _ => None,
-            })
-            .collect();
-        if !expected.is_empty() && &got != expected {
-            wrong.push(format!("{statement}  documented {expected:?}\n  returns    {got:?}"));
-        }
-    }
-    tx.rollback().unwrap();
-    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
-}
-
 #[test]
 fn downtime_beyond_the_grace_is_skipped_or_caught_up_once() {
     let _serial = serial();
     let scope = Scope::new("down");
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let (skip, catch_up) = (scope.name("skip"), scope.name("catch_up"));
     // A fake now, 30 s after both were due (in 2027: the worker leaves them alone); rolled back.
     let mut tx = c.transaction().unwrap();
@@ -729,7 +676,7 @@ fn the_worker_skips_or_catches_up_what_it_missed_while_away() {
     let _serial = serial();
     let scope = Scope::new("away");
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let (skip, catch_up) = (scope.name("skip"), scope.name("catch_up"));
     let missed_before = worker_stat(&mut c, "missed_runs");
     let (first_skip, first_catch_up) = {
@@ -773,7 +720,7 @@ fn a_dropped_queue_fails_only_its_own_schedule() {
     let _serial = serial();
     let scope = Scope::new("drop");
     let mut c = connect();
-    let (a, b) = (new_queue(&mut c), new_queue(&mut c));
+    let (a, b) = (new_queue(&mut c, ""), new_queue(&mut c, ""));
     let (on_a, on_b) = (scope.name("a"), scope.name("b"));
     schedule(&mut c, &on_a, &a, "* * * * * *", "");
     schedule(&mut c, &on_b, &b, "* * * * * *", "");
@@ -844,7 +791,7 @@ fn ten_thousand_schedules_with_nothing_due_cost_an_index_probe() {
     let _serial = serial();
     let scope = Scope::new("many");
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     c.execute(
         "SELECT count(pgqueue.pgq_schedule($1 || '.' || g, $2, '0 0 1 1 *')) FROM generate_series(1, 10000) g",
         &[&scope.prefix, &q],
@@ -878,7 +825,7 @@ fn pgq_tick_in_four_sessions_and_the_worker_never_fire_a_slot_twice() {
     let _serial = serial();
     let scope = Scope::new("race");
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let first: i64 = c
         .query_one(
             "SELECT min(extract(epoch FROM pgqueue.pgq_schedule($1 || '.' || g, $2, '* * * * * *')))::bigint
@@ -911,7 +858,7 @@ fn bad_arguments_are_refused_with_their_sqlstate_and_change_nothing() {
     let _serial = serial();
     let scope = Scope::new("bad");
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     // An existing schedule (not due for a long time): the bad calls try to replace it.
     let x = scope.name("x");
     schedule(&mut c, &x, &q, "0 0 1 1 *", "");
@@ -995,7 +942,7 @@ fn replace_pause_and_resume_keep_the_schedules_account() {
     let _serial = serial();
     let scope = Scope::new("keep");
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let name = scope.name("s");
     let first = schedule(&mut c, &name, &q, "* * * * * *", "");
     let runs_at_least = |c: &mut Client, n: i64| {
@@ -1085,7 +1032,7 @@ fn schedules_belong_to_pgqueue_admin_and_pgq_cron_next_to_everyone() {
     let _serial = serial();
     let scope = Scope::new("roles");
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let db: String = c.query_one("SELECT current_database()::text", &[]).unwrap().get(0);
     let role = unique_queue("sched_role");
     let (producer, admin, nobody) = (format!("{role}_p"), format!("{role}_a"), format!("{role}_n"));

@@ -8,29 +8,20 @@
 
 mod common;
 
-use common::{Client, connect, connect_as, sqlstate, unique_queue, wait_for};
+use common::{
+    Client, ack, claim_one, connect, connect_as, create_queue, new_queue, outcome, sqlstate, unique_queue, wait_for,
+};
 use serde_json::{Value, json};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
-use uuid::Uuid;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------------------------------
 // Queues, sends and claims
 
-fn new_queue(c: &mut Client, args: &str) -> String {
-    let q = unique_queue("uniq");
-    create_queue(c, &q, args);
-    q
-}
-
-fn create_queue(c: &mut Client, q: &str, args: &str) {
-    c.execute(&format!("SELECT pgqueue.pgq_create_queue($1{args})"), &[&q]).unwrap();
-}
-
-/// A send with `key`, released when its message finishes.
-fn send(c: &mut Client, q: &str, key: &str) -> i64 {
+/// A send with `key` (a dedup key), released when its message finishes.
+fn send_keyed(c: &mut Client, q: &str, key: &str) -> i64 {
     send_held(c, q, key, "0")
 }
 
@@ -59,21 +50,11 @@ fn send_batch(c: &mut Client, q: &str, payloads: &[Value], keys: &[Option<&str>]
     .collect()
 }
 
-fn claim(c: &mut Client, q: &str) -> (i64, Uuid) {
-    let r = c.query_one("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1)", &[&q]).unwrap();
-    (r.get(0), r.get(1))
-}
-
-fn ack(c: &mut Client, (id, token): (i64, Uuid)) {
-    let done: bool = c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
-    assert!(done, "ack of {id}");
-}
-
 /// Claims the queue's next message and acks it; returns its id.
 fn claim_and_ack(c: &mut Client, q: &str) -> i64 {
-    let held = claim(c, q);
-    ack(c, held);
-    held.0
+    let held = claim_one(c, q, None);
+    assert!(ack(c, &held), "ack of {}", held.id);
+    held.id
 }
 
 // ---------------------------------------------------------------------------------------
@@ -111,14 +92,10 @@ fn counts(c: &mut Client, q: &str) -> (i64, i64) {
     (r.get(0), r.get(1))
 }
 
-fn outcome_in_history(c: &mut Client, id: i64) -> Option<String> {
-    c.query_opt("SELECT outcome FROM pgqueue.history WHERE msg_id = $1", &[&id]).unwrap().map(|r| r.get(0))
-}
-
 /// Asserts that `key` is free in `q`: a send with it enqueues a new message (not `old`), which
 /// then holds it. Returns the new id.
 fn assert_key_free(c: &mut Client, q: &str, key: &str, old: i64, after: &str) -> i64 {
-    let id = send(c, q, key);
+    let id = send_keyed(c, q, key);
     assert_ne!(id, old, "after {after}, the key is free: a send enqueues a new message");
     assert_eq!(copies(c, q, key), vec![id], "after {after}: the new message is the only one with the key");
     assert_eq!(key_row(c, q, key), Some((id, false)), "after {after}: the new message holds the key");
@@ -213,7 +190,7 @@ fn sends_wait_for_an_open_holder_and_get_its_id_when_it_commits() {
     let q = new_queue(&mut c, "");
     let mut holder = connect();
     holder.batch_execute("BEGIN").unwrap();
-    let held = send(&mut holder, &q, "k");
+    let held = send_keyed(&mut holder, &q, "k");
     let waiters = senders_blocked_behind(&mut c, &q, "k", &format!("{q}_commit"), WAITERS);
     holder.batch_execute("COMMIT").unwrap();
     let got: Vec<(i64, bool)> = waiters.into_iter().map(|w| w.join().unwrap()).collect();
@@ -229,7 +206,7 @@ fn a_rolled_back_holder_lets_exactly_one_waiter_enqueue() {
     let q = new_queue(&mut c, "");
     let mut holder = connect();
     holder.batch_execute("BEGIN").unwrap();
-    let gone = send(&mut holder, &q, "k");
+    let gone = send_keyed(&mut holder, &q, "k");
     let waiters = senders_blocked_behind(&mut c, &q, "k", &format!("{q}_rollback"), WAITERS);
     holder.batch_execute("ROLLBACK").unwrap();
     let got: Vec<(i64, bool)> = waiters.into_iter().map(|w| w.join().unwrap()).collect();
@@ -249,14 +226,14 @@ fn a_rolled_back_holder_lets_exactly_one_waiter_enqueue() {
 fn a_keyed_send_returns_the_waiting_or_claimed_holder() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    let first = send(&mut c, &q, "k");
-    assert_eq!(send(&mut c, &q, "k"), first, "while it waits");
+    let first = send_keyed(&mut c, &q, "k");
+    assert_eq!(send_keyed(&mut c, &q, "k"), first, "while it waits");
     let delayed: i64 =
         c.query_one("SELECT pgqueue.pgq_send($1, '{}', delay => '1 hour', dedup_key => 'd')", &[&q]).unwrap().get(0);
-    assert_eq!(send(&mut c, &q, "d"), delayed, "while it is delayed");
-    let claimed = claim(&mut c, &q);
+    assert_eq!(send_keyed(&mut c, &q, "d"), delayed, "while it is delayed");
+    let claimed = claim_one(&mut c, &q, None).held();
     assert_eq!(claimed.0, first);
-    assert_eq!(send(&mut c, &q, "k"), first, "while it is claimed");
+    assert_eq!(send_keyed(&mut c, &q, "k"), first, "while it is claimed");
     assert_eq!(counts(&mut c, &q), (2, 2), "no second copy of either");
 }
 
@@ -265,34 +242,34 @@ fn the_key_is_freed_when_its_message_finishes() {
     let mut c = connect();
     // Ack and fail.
     let q = new_queue(&mut c, "");
-    let id = send(&mut c, &q, "acked");
+    let id = send_keyed(&mut c, &q, "acked");
     assert_eq!(claim_and_ack(&mut c, &q), id);
     assert_eq!(key_row(&mut c, &q, "acked"), None, "an ack deletes the key (no hold)");
     let again = assert_key_free(&mut c, &q, "acked", id, "an ack");
     assert_eq!(claim_and_ack(&mut c, &q), again);
 
-    let id = send(&mut c, &q, "failed");
-    let (m, token) = claim(&mut c, &q);
+    let id = send_keyed(&mut c, &q, "failed");
+    let (m, token) = claim_one(&mut c, &q, None).held();
     c.execute("SELECT pgqueue.pgq_fail($1, $2)", &[&m, &token]).unwrap();
-    assert_eq!(outcome_in_history(&mut c, id).as_deref(), Some("dead"));
+    assert_eq!(outcome(&mut c, id).as_deref(), Some("dead"));
     assert_key_free(&mut c, &q, "failed", id, "pgq_fail");
 
     // Nack on the last attempt, and an expired lease on the last attempt (re-arm to dead).
     let last = new_queue(&mut c, ", max_attempts => 1");
-    let id = send(&mut c, &last, "nacked");
-    let (m, token) = claim(&mut c, &last);
+    let id = send_keyed(&mut c, &last, "nacked");
+    let (m, token) = claim_one(&mut c, &last, None).held();
     c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0')", &[&m, &token]).unwrap();
-    assert_eq!(outcome_in_history(&mut c, id).as_deref(), Some("dead"), "nacked on its last attempt");
+    assert_eq!(outcome(&mut c, id).as_deref(), Some("dead"), "nacked on its last attempt");
     let again = assert_key_free(&mut c, &last, "nacked", id, "a nack on the last attempt");
     assert_eq!(claim_and_ack(&mut c, &last), again);
 
-    let id = send(&mut c, &last, "expired");
+    let id = send_keyed(&mut c, &last, "expired");
     let r = c.query_one("SELECT msg_id FROM pgqueue.pgq_claim($1, lease => '100 ms')", &[&last]).unwrap();
     assert_eq!(r.get::<_, i64>(0), id);
     wait_for("the expired claim dead-lettered", LIMIT, || {
         // The worker re-arms it; so may this session (whoever comes first, once).
         c.execute("SELECT pgqueue.pgq_rearm(queue => $1)", &[&last]).unwrap();
-        outcome_in_history(&mut c, id).filter(|o| o == "dead")
+        outcome(&mut c, id).filter(|o| o == "dead")
     });
     let new = assert_key_free(&mut c, &last, "expired", id, "a re-arm to dead letter");
 
@@ -303,10 +280,10 @@ fn the_key_is_freed_when_its_message_finishes() {
     let key: Option<String> =
         c.query_one("SELECT dedup_key FROM pgqueue.messages WHERE msg_id = $1", &[&id]).unwrap().get(0);
     assert_eq!(key, None, "the redriven message carries no key");
-    assert_eq!(send(&mut c, &last, "expired"), new, "the new holder keeps the key");
-    let redriven = claim(&mut c, &last);
-    assert_eq!(redriven.0, id, "FIFO: the redriven message (the lower id) first");
-    ack(&mut c, redriven);
+    assert_eq!(send_keyed(&mut c, &last, "expired"), new, "the new holder keeps the key");
+    let redriven = claim_one(&mut c, &last, None);
+    assert_eq!(redriven.id, id, "FIFO: the redriven message (the lower id) first");
+    assert!(ack(&mut c, &redriven), "ack of {}", redriven.id);
     assert_eq!(key_row(&mut c, &last, "expired"), Some((new, false)), "the redriven message's ack frees nothing");
     assert_eq!(copies(&mut c, &last, "expired"), vec![new]);
 }
@@ -315,14 +292,14 @@ fn the_key_is_freed_when_its_message_finishes() {
 fn a_nack_that_retries_keeps_the_key() {
     let mut c = connect();
     let q = new_queue(&mut c, ", max_attempts => 3");
-    let id = send(&mut c, &q, "k");
-    let (m, token) = claim(&mut c, &q);
+    let id = send_keyed(&mut c, &q, "k");
+    let (m, token) = claim_one(&mut c, &q, None).held();
     c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0')", &[&m, &token]).unwrap();
-    assert_eq!(send(&mut c, &q, "k"), id, "after a retrying nack (ready again)");
-    let (m, token) = claim(&mut c, &q);
+    assert_eq!(send_keyed(&mut c, &q, "k"), id, "after a retrying nack (ready again)");
+    let (m, token) = claim_one(&mut c, &q, None).held();
     assert_eq!(m, id);
     c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '1 hour')", &[&m, &token]).unwrap();
-    assert_eq!(send(&mut c, &q, "k"), id, "after a retrying nack (delayed)");
+    assert_eq!(send_keyed(&mut c, &q, "k"), id, "after a retrying nack (delayed)");
     assert_eq!(key_row(&mut c, &q, "k"), Some((id, false)));
     assert_eq!(counts(&mut c, &q), (1, 1), "no second copy");
 }
@@ -345,11 +322,11 @@ fn dedup_for_keeps_the_key_after_the_finish_until_it_expires_and_the_worker_dele
     assert_eq!(key_row(&mut c, &q, "expiring"), Some((expiring, true)));
     assert_eq!(key_row(&mut c, &q, "waiting"), Some((waiting, false)), "no end while it waits");
 
-    assert_eq!(send(&mut c, &q, "resent"), resent, "within the window: the finished message's id");
+    assert_eq!(send_keyed(&mut c, &q, "resent"), resent, "within the window: the finished message's id");
     assert_eq!(copies(&mut c, &q, "resent"), Vec::<i64>::new(), "and nothing enqueued");
 
     std::thread::sleep(Duration::from_millis(2500));
-    let again = send(&mut c, &q, "resent");
+    let again = send_keyed(&mut c, &q, "resent");
     assert_ne!(again, resent, "after the window: a new message");
     assert_eq!(copies(&mut c, &q, "resent"), vec![again]);
     assert_eq!(key_row(&mut c, &q, "resent"), Some((again, false)), "held by the new message, without an end");
@@ -361,7 +338,7 @@ fn dedup_for_keeps_the_key_after_the_finish_until_it_expires_and_the_worker_dele
     });
     assert_eq!(key_row(&mut c, &q, "kept"), Some((kept, true)), "a hold not yet over stays");
     assert_eq!(key_row(&mut c, &q, "waiting"), Some((waiting, false)), "a waiting message's key stays");
-    assert_eq!(send(&mut c, &q, "kept"), kept);
+    assert_eq!(send_keyed(&mut c, &q, "kept"), kept);
 }
 
 #[test]
@@ -369,16 +346,16 @@ fn a_rolled_back_send_holds_nothing() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
     c.batch_execute("BEGIN").unwrap();
-    let gone = send(&mut c, &q, "k");
+    let gone = send_keyed(&mut c, &q, "k");
     c.batch_execute("ROLLBACK").unwrap();
     assert_eq!(counts(&mut c, &q), (0, 0));
     assert_key_free(&mut c, &q, "k", gone, "a rolled-back send");
 
     // Nor does one rolled back to a savepoint: the same transaction takes the key afresh.
     c.batch_execute("BEGIN; SAVEPOINT s").unwrap();
-    let gone = send(&mut c, &q, "s");
+    let gone = send_keyed(&mut c, &q, "s");
     c.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
-    let id = send(&mut c, &q, "s");
+    let id = send_keyed(&mut c, &q, "s");
     c.batch_execute("COMMIT").unwrap();
     assert_ne!(id, gone);
     assert_eq!(copies(&mut c, &q, "s"), vec![id]);
@@ -389,12 +366,12 @@ fn a_rolled_back_send_holds_nothing() {
 fn keys_are_per_queue() {
     let mut c = connect();
     let (q1, q2) = (new_queue(&mut c, ""), new_queue(&mut c, ""));
-    let a = send(&mut c, &q1, "k");
-    let b = send(&mut c, &q2, "k");
+    let a = send_keyed(&mut c, &q1, "k");
+    let b = send_keyed(&mut c, &q2, "k");
     assert_ne!(a, b, "the same key in another queue is another key");
     assert_eq!((copies(&mut c, &q1, "k"), copies(&mut c, &q2, "k")), (vec![a], vec![b]));
     assert_eq!(claim_and_ack(&mut c, &q1), a);
-    assert_eq!(send(&mut c, &q2, "k"), b, "finishing one queue's holder leaves the other's key held");
+    assert_eq!(send_keyed(&mut c, &q2, "k"), b, "finishing one queue's holder leaves the other's key held");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -404,7 +381,7 @@ fn keys_are_per_queue() {
 fn batch_sends_return_ids_in_array_order_with_duplicates_and_nulls() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    let earlier = send(&mut c, &q, "held");
+    let earlier = send_keyed(&mut c, &q, "held");
     let payloads: Vec<Value> = (0..6).map(|n| json!({ "n": n })).collect();
     let keys = [Some("a"), None, Some("a"), Some("held"), Some("b"), None];
     let ids = send_batch(&mut c, &q, &payloads, &keys, "");
@@ -456,7 +433,7 @@ fn batch_sends_return_ids_in_array_order_with_duplicates_and_nulls() {
 fn every_bad_dedup_argument_is_refused_and_changes_nothing() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    let held = send(&mut c, &q, "held");
+    let held = send_keyed(&mut c, &q, "held");
     let before = counts(&mut c, &q);
     let long = "x".repeat(513);
     // Calls, by their arguments after the queue; batches of two payloads.
@@ -487,7 +464,7 @@ fn every_bad_dedup_argument_is_refused_and_changes_nothing() {
         assert_eq!(counts(&mut c, &q), before, "{what}: nothing changed");
     }
     assert_eq!(key_row(&mut c, &q, "new"), None);
-    assert_eq!(send(&mut c, &q, "held"), held, "the held key is still held by its message");
+    assert_eq!(send_keyed(&mut c, &q, "held"), held, "the held key is still held by its message");
 
     // The limits themselves are accepted.
     let longest = "x".repeat(512);
@@ -522,9 +499,9 @@ fn sends_and_finishes_without_a_key_never_touch_the_key_table() {
     c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap();
     c.execute("SELECT pgqueue.pgq_send_batch($1, ARRAY['{}', '{}']::jsonb[])", &[&q]).unwrap();
     claim_and_ack(&mut c, &q);
-    let (m, token) = claim(&mut c, &q);
+    let (m, token) = claim_one(&mut c, &q, None).held();
     c.execute("SELECT pgqueue.pgq_fail($1, $2)", &[&m, &token]).unwrap();
-    let (m, token) = claim(&mut c, &q);
+    let (m, token) = claim_one(&mut c, &q, None).held();
     c.execute("SELECT pgqueue.pgq_nack($1, $2)", &[&m, &token]).unwrap();
     assert_eq!(dedup_keys_touched(&mut c), (0, 0, 0, 0, 0), "no key, no access to pgqueue.dedup_keys");
     c.batch_execute("COMMIT").unwrap();
@@ -532,10 +509,10 @@ fn sends_and_finishes_without_a_key_never_touch_the_key_table() {
     // The same with a key does touch it (so the assertion above can fail).
     let keyed = new_queue(&mut c, "");
     c.batch_execute("BEGIN").unwrap();
-    let id = send(&mut c, &keyed, "k");
-    let held = claim(&mut c, &keyed);
-    assert_eq!(held.0, id);
-    ack(&mut c, held);
+    let id = send_keyed(&mut c, &keyed, "k");
+    let held = claim_one(&mut c, &keyed, None);
+    assert_eq!(held.id, id);
+    assert!(ack(&mut c, &held), "ack of {}", held.id);
     let (ins, _, del, idx, seq) = dedup_keys_touched(&mut c);
     c.batch_execute("COMMIT").unwrap();
     assert!(ins > 0 && del > 0 && idx + seq > 0, "a keyed send and ack use the table: {:?}", (ins, del, idx, seq));
@@ -548,10 +525,10 @@ fn dropping_a_queue_removes_its_keys_and_a_new_queue_of_that_name_starts_afresh(
     let other = new_queue(&mut c, "");
     let kept = send_held(&mut c, &q, "kept", "1 hour");
     assert_eq!(claim_and_ack(&mut c, &q), kept);
-    let claimed = send(&mut c, &q, "claimed");
-    assert_eq!(claim(&mut c, &q).0, claimed);
-    let waiting = send(&mut c, &q, "waiting");
-    let elsewhere = send(&mut c, &other, "waiting");
+    let claimed = send_keyed(&mut c, &q, "claimed");
+    assert_eq!(claim_one(&mut c, &q, None).id, claimed);
+    let waiting = send_keyed(&mut c, &q, "waiting");
+    let elsewhere = send_keyed(&mut c, &other, "waiting");
     assert_eq!(counts(&mut c, &q), (2, 3), "a kept, a claimed and a waiting key");
 
     c.execute("SELECT pgqueue.pgq_drop_queue($1, force => true)", &[&q]).unwrap();
@@ -560,7 +537,7 @@ fn dropping_a_queue_removes_its_keys_and_a_new_queue_of_that_name_starts_afresh(
 
     create_queue(&mut c, &q, "");
     for (key, old) in [("kept", kept), ("claimed", claimed), ("waiting", waiting)] {
-        let id = send(&mut c, &q, key);
+        let id = send_keyed(&mut c, &q, key);
         assert!(id > old, "{key}: the re-created queue enqueues it anew ({id} after {old})");
     }
     assert_eq!(counts(&mut c, &q), (3, 3));
@@ -575,7 +552,7 @@ fn a_producer_sends_with_keys_but_cannot_read_the_key_table() {
     c.batch_execute(&format!("CREATE ROLE {role} LOGIN IN ROLE pgqueue_producer")).unwrap();
     {
         let mut p = connect_as(&role, &db);
-        let id = send(&mut p, &q, "k");
+        let id = send_keyed(&mut p, &q, "k");
         assert_eq!(send_held(&mut p, &q, "k", "1 hour"), id, "the producer's second send returns the holder");
         let ids = send_batch(&mut p, &q, &[json!({}), json!({})], &[Some("k"), Some("b")], ", dedup_for => '1 s'");
         assert_eq!(ids[0], id);

@@ -10,7 +10,8 @@
 mod common;
 
 use common::server::{Server, bindir, this_major};
-use common::{Client, connect, sqlstate, unique_queue, wait_for};
+use common::{Client, claim_one, connect, new_queue, send, sqlstate, unique_queue, wait_for};
+use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
@@ -75,23 +76,6 @@ fn until_waiting(c: &mut Client, q: &str, n: i64) -> i64 {
     })
 }
 
-fn new_queue(c: &mut Client) -> String {
-    let q = unique_queue("wait");
-    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
-    q
-}
-
-fn send(c: &mut Client, q: &str) -> i64 {
-    c.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0)
-}
-
-fn claim(c: &mut Client, q: &str, lease: &str) -> (i64, Uuid) {
-    let r = c
-        .query_one("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, lease => $2::text::interval)", &[&q, &lease])
-        .unwrap();
-    (r.get(0), r.get(1))
-}
-
 /// A claim of `qty` waiting 50 s on `q` (in a session of its own) sleeps; then `event`
 /// makes messages claimable and returns their ids. The waiter must get exactly those, long
 /// before its deadline, woken by a signal (the queue's wakeups grew). Returns what it got,
@@ -115,7 +99,7 @@ fn woken_by(q: &str, qty: i32, event: impl FnOnce(&mut Client) -> Vec<i64>) -> V
 
 /// The queue works: a waiting claim of another session gets a message sent meanwhile.
 fn still_works(q: &str) {
-    woken_by(q, 1, |c| vec![send(c, q)]);
+    woken_by(q, 1, |c| vec![send(c, q, json!({}))]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -123,14 +107,14 @@ fn still_works(q: &str) {
 
 #[test]
 fn a_send_wakes_a_waiting_claim() {
-    let q = new_queue(&mut connect());
-    let got = woken_by(&q, 1, |c| vec![send(c, &q)]);
+    let q = new_queue(&mut connect(), "");
+    let got = woken_by(&q, 1, |c| vec![send(c, &q, json!({}))]);
     assert_eq!(got[0].1, 1, "first attempt");
 }
 
 #[test]
 fn a_batch_send_wakes_a_waiting_claim() {
-    let q = new_queue(&mut connect());
+    let q = new_queue(&mut connect(), "");
     woken_by(&q, 3, |c| {
         c.query("SELECT pgqueue.pgq_send_batch($1, ARRAY['{\"n\": 1}', '{\"n\": 2}', '{\"n\": 3}']::jsonb[])", &[&q])
             .unwrap()
@@ -180,9 +164,9 @@ fn a_lease_runs_from_the_claim_not_from_the_start_of_the_wait() {
 #[test]
 fn a_nack_for_now_wakes_a_waiting_claim() {
     let mut c = connect();
-    let q = new_queue(&mut c);
-    send(&mut c, &q);
-    let (id, token) = claim(&mut c, &q, "1 hour");
+    let q = new_queue(&mut c, "");
+    send(&mut c, &q, json!({}));
+    let (id, token) = claim_one(&mut c, &q, Some("1 hour")).held();
     let got = woken_by(&q, 1, |c| {
         let nacked: bool = c
             .query_one("SELECT pgqueue.pgq_nack($1::bigint, $2::uuid, retry_in => '0 s')", &[&id, &token])
@@ -197,11 +181,11 @@ fn a_nack_for_now_wakes_a_waiting_claim() {
 #[test]
 fn a_claim_rearmed_by_the_worker_wakes_a_waiting_claim() {
     let mut c = connect();
-    let q = new_queue(&mut c);
-    send(&mut c, &q);
+    let q = new_queue(&mut c, "");
+    send(&mut c, &q, json!({}));
     // Claimed with a long lease, shortened to 1 s only once the waiter sleeps: the waiter
     // cannot take the message by its first attempt, however slowly it starts.
-    let (id, token) = claim(&mut c, &q, "1 hour");
+    let (id, token) = claim_one(&mut c, &q, Some("1 hour")).held();
     let got = woken_by(&q, 1, |c| {
         let renewed: bool = c
             .query_one("SELECT pgqueue.pgq_renew($1::bigint, $2::uuid, lease => '1 s')", &[&id, &token])
@@ -215,7 +199,7 @@ fn a_claim_rearmed_by_the_worker_wakes_a_waiting_claim() {
 
 #[test]
 fn a_delayed_message_falling_due_wakes_a_waiting_claim() {
-    let q = new_queue(&mut connect());
+    let q = new_queue(&mut connect(), "");
     let mut sent_at = None;
     let started = Instant::now();
     woken_by(&q, 1, |c| {
@@ -233,9 +217,9 @@ fn a_delayed_message_falling_due_wakes_a_waiting_claim() {
 #[test]
 fn a_redrive_wakes_a_waiting_claim() {
     let mut c = connect();
-    let q = new_queue(&mut c);
-    send(&mut c, &q);
-    let (id, token) = claim(&mut c, &q, "1 hour");
+    let q = new_queue(&mut c, "");
+    send(&mut c, &q, json!({}));
+    let (id, token) = claim_one(&mut c, &q, Some("1 hour")).held();
     let failed: bool = c.query_one("SELECT pgqueue.pgq_fail($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
     assert!(failed);
     woken_by(&q, 1, |c| {
@@ -248,9 +232,9 @@ fn a_redrive_wakes_a_waiting_claim() {
 #[test]
 fn a_resume_wakes_a_waiting_claim_of_a_paused_queue() {
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     c.execute("SELECT pgqueue.pgq_pause_queue($1)", &[&q]).unwrap();
-    let id = send(&mut c, &q);
+    let id = send(&mut c, &q, json!({}));
     let nothing = c.query("SELECT msg_id FROM pgqueue.pgq_claim($1)", &[&q]).unwrap();
     assert!(nothing.is_empty(), "a paused queue gives nothing");
     woken_by(&q, 1, |c| {
@@ -265,12 +249,12 @@ fn a_resume_wakes_a_waiting_claim_of_a_paused_queue() {
 #[test]
 fn a_rolled_back_send_wakes_nobody() {
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let waiter = waiting_claim(connect(), &q, 1, "3 s");
     let before = until_waiting(&mut c, &q, 1);
     let mut p = connect();
     p.batch_execute("BEGIN").unwrap();
-    send(&mut p, &q);
+    send(&mut p, &q, json!({}));
     p.batch_execute("ROLLBACK").unwrap();
     let out = waiter.join().unwrap();
     assert_eq!(out.ids(), Vec::<i64>::new());
@@ -281,7 +265,7 @@ fn a_rolled_back_send_wakes_nobody() {
 #[test]
 fn a_waiting_claim_times_out_with_nothing() {
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let start = Instant::now();
     let rows = c.query("SELECT msg_id FROM pgqueue.pgq_claim($1, wait => '1 s')", &[&q]).unwrap();
     assert!(rows.is_empty());
@@ -295,7 +279,7 @@ fn a_waiting_claim_times_out_with_nothing() {
 #[test]
 fn statement_timeout_ends_a_waiting_claim() {
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let mut s = connect();
     s.batch_execute("SET statement_timeout = '500ms'").unwrap();
     let start = Instant::now();
@@ -304,7 +288,7 @@ fn statement_timeout_ends_a_waiting_claim() {
     assert!(start.elapsed() < WOKEN, "ended by the timeout: {:?}", start.elapsed());
     until_waiting(&mut c, &q, 0);
     s.batch_execute("RESET statement_timeout").unwrap();
-    let id = send(&mut c, &q);
+    let id = send(&mut c, &q, json!({}));
     let got: i64 = s.query_one("SELECT msg_id FROM pgqueue.pgq_claim($1)", &[&q]).unwrap().get(0);
     assert_eq!(got, id, "the timed-out session claims again");
     still_works(&q);
@@ -312,7 +296,7 @@ fn statement_timeout_ends_a_waiting_claim() {
 
 /// A waiter sleeping on a new queue, and its backend's pid.
 fn sleeping_waiter(c: &mut Client) -> (String, i32, JoinHandle<Outcome>) {
-    let q = new_queue(c);
+    let q = new_queue(c, "");
     let mut w = connect();
     let pid: i32 = w.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
     let waiter = waiting_claim(w, &q, 1, "50 s");
@@ -374,7 +358,7 @@ fn one_send_wakes_one_of_64_waiting_claims() {
     }
     let before = until_waiting(&mut c, "herd", 64);
 
-    let id = send(&mut c, "herd");
+    let id = send(&mut c, "herd", json!({}));
     let winner = rx.recv_timeout(WOKEN).expect("one waiter returns");
     assert_eq!(winner.ids(), vec![id]);
     assert!(winner.elapsed < WOKEN);
@@ -412,8 +396,8 @@ fn one_send_wakes_one_of_64_waiting_claims() {
 #[test]
 fn wait_out_of_bounds_or_outside_read_committed_is_refused_and_changes_nothing() {
     let mut c = connect();
-    let q = new_queue(&mut c);
-    let id = send(&mut c, &q);
+    let q = new_queue(&mut c, "");
+    let id = send(&mut c, &q, json!({}));
     let claim_sql = "SELECT msg_id FROM pgqueue.pgq_claim($1, wait => $2::text::interval)";
     for (wait, code) in [("-1 s", "22023"), ("61 s", "22023")] {
         assert_eq!(sqlstate(c.query(claim_sql, &[&q, &wait])), code, "wait => '{wait}'");
@@ -444,7 +428,7 @@ fn wait_out_of_bounds_or_outside_read_committed_is_refused_and_changes_nothing()
 #[test]
 fn dropping_the_queue_ends_its_waiting_claims_with_42704() {
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let waiter = waiting_claim(connect(), &q, 1, "50 s");
     until_waiting(&mut c, &q, 1);
     c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q]).unwrap();
@@ -463,8 +447,8 @@ fn without_preloading_everything_works_and_waiting_claims_poll() {
     server.start();
     let mut c = server.connect("postgres");
     c.batch_execute("CREATE EXTENSION pgqueue; SELECT pgqueue.pgq_create_queue('plain')").unwrap();
-    let id = send(&mut c, "plain");
-    let (got, token) = claim(&mut c, "plain", "1 hour");
+    let id = send(&mut c, "plain", json!({}));
+    let (got, token) = claim_one(&mut c, "plain", Some("1 hour")).held();
     assert_eq!(got, id);
     let acked: bool = c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
     assert!(acked);
@@ -474,7 +458,7 @@ fn without_preloading_everything_works_and_waiting_claims_poll() {
 
     let waiter = waiting_claim(server.connect("postgres"), "plain", 1, "30 s");
     thread::sleep(Duration::from_secs(1));
-    let id = send(&mut c, "plain");
+    let id = send(&mut c, "plain", json!({}));
     let out = waiter.join().unwrap();
     assert_eq!(out.ids(), vec![id]);
     assert!(out.elapsed >= Duration::from_secs(1), "it waited for the send: {:?}", out.elapsed);
@@ -494,8 +478,8 @@ fn a_restart_loses_the_shared_state_but_no_message() {
     let mut c = server.connect("postgres");
     c.batch_execute("CREATE EXTENSION pgqueue; SELECT pgqueue.pgq_create_queue('jobs')").unwrap();
     // Claimed (its lease ends during the restart), then ready and delayed ones.
-    let claimed = send(&mut c, "jobs");
-    let (id, _) = claim(&mut c, "jobs", "1 s");
+    let claimed = send(&mut c, "jobs", json!({}));
+    let (id, _) = claim_one(&mut c, "jobs", Some("1 s")).held();
     assert_eq!(id, claimed);
     let mut all: Vec<i64> = c
         .query("SELECT pgqueue.pgq_send_batch('jobs', array_fill('{}'::jsonb, ARRAY[5]))", &[])

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Client, connect, unique_queue, wait_for};
+use common::{Client, connect, new_queue, state, unique_queue, wait_for};
 use std::sync::Mutex;
 use std::time::Duration;
 use uuid::Uuid;
@@ -21,18 +21,8 @@ fn stat(c: &mut Client, column: &str) -> i64 {
     c.query_one(&format!("SELECT coalesce({column}, 0)::bigint FROM pgqueue.worker_stats"), &[]).unwrap().get(0)
 }
 
-fn state_of(c: &mut Client, id: i64) -> Option<String> {
-    c.query_opt("SELECT state FROM pgqueue.messages WHERE msg_id = $1", &[&id]).unwrap().map(|r| r.get(0))
-}
-
-fn new_queue(c: &mut Client) -> String {
-    let q = unique_queue("w");
-    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
-    q
-}
-
 /// (pid, ticks, tick_interval_ms) from the row the worker updates every tick.
-fn state(client: &mut Client) -> Option<(i32, i64, i32)> {
+fn worker_state(client: &mut Client) -> Option<(i32, i64, i32)> {
     let row = client
         .query_opt("SELECT pid, ticks, tick_interval_ms FROM pgqueue.worker_state WHERE pid IS NOT NULL", &[])
         .ok()??;
@@ -51,7 +41,7 @@ fn worker_backend(client: &mut Client) -> Option<i32> {
 }
 
 fn ticks_beyond(client: &mut Client, pid: i32, ticks: i64) -> (i32, i64, i32) {
-    wait_for("the worker to tick again", LIMIT, || state(client).filter(|&(p, t, _)| p == pid && t > ticks))
+    wait_for("the worker to tick again", LIMIT, || worker_state(client).filter(|&(p, t, _)| p == pid && t > ticks))
 }
 
 /// ALTER SYSTEM (which refuses to run in a transaction block), then SIGHUP everyone.
@@ -69,18 +59,19 @@ fn worker_lifecycle() {
     // 1. It runs in the test database and commits its heartbeat, again and again.
     let pid = wait_for("the worker in pg_stat_activity", LIMIT, || worker_backend(&mut client));
     let (state_pid, ticks, interval) =
-        wait_for("a committed tick", LIMIT, || state(&mut client).filter(|&(p, ..)| p == pid));
+        wait_for("a committed tick", LIMIT, || worker_state(&mut client).filter(|&(p, ..)| p == pid));
     assert_eq!(state_pid, pid);
     assert_eq!(interval, 100, "the test cluster sets pgqueue.tick_interval = 100ms");
     ticks_beyond(&mut client, pid, ticks);
 
     // 2. SIGHUP: a reloaded tick interval is what the worker uses from then on.
     reload(&mut client, "ALTER SYSTEM SET pgqueue.tick_interval = '150ms'");
-    let (_, _, interval) =
-        wait_for("the reloaded interval", LIMIT, || state(&mut client).filter(|&(p, _, i)| p == pid && i == 150));
+    let (_, _, interval) = wait_for("the reloaded interval", LIMIT, || {
+        worker_state(&mut client).filter(|&(p, _, i)| p == pid && i == 150)
+    });
     assert_eq!(interval, 150);
     reload(&mut client, "ALTER SYSTEM SET pgqueue.tick_interval = '100ms'");
-    wait_for("the interval reset", LIMIT, || state(&mut client).filter(|&(_, _, i)| i == 100));
+    wait_for("the interval reset", LIMIT, || worker_state(&mut client).filter(|&(_, _, i)| i == 100));
 
     // 3. The extension dropped: the worker leaves. Created again: a worker comes back.
     client.batch_execute("DROP EXTENSION pgqueue").unwrap();
@@ -88,7 +79,7 @@ fn worker_lifecycle() {
     client.batch_execute("CREATE EXTENSION pgqueue").unwrap();
     let pid = wait_for("a worker for the recreated extension", LIMIT, || worker_backend(&mut client));
     let (_, ticks, _) = wait_for("ticks in the recreated extension", LIMIT, || {
-        state(&mut client).filter(|&(p, t, _)| p == pid && t > 0)
+        worker_state(&mut client).filter(|&(p, t, _)| p == pid && t > 0)
     });
     ticks_beyond(&mut client, pid, ticks);
 
@@ -104,7 +95,8 @@ fn worker_lifecycle() {
     let terminated: bool = client.query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid]).unwrap().get(0);
     assert!(terminated, "the worker exits within 5 s of SIGTERM");
     let new_pid = wait_for("a restarted worker", LIMIT, || worker_backend(&mut client).filter(|&p| p != pid));
-    let (_, ticks, _) = wait_for("the new worker's tick", LIMIT, || state(&mut client).filter(|&(p, ..)| p == new_pid));
+    let (_, ticks, _) =
+        wait_for("the new worker's tick", LIMIT, || worker_state(&mut client).filter(|&(p, ..)| p == new_pid));
     ticks_beyond(&mut client, new_pid, ticks);
     assert!(ticks > ticks_before, "counters are not reset by a restart");
 
@@ -113,8 +105,8 @@ fn worker_lifecycle() {
     let terminated: bool = client.query_one("SELECT pg_terminate_backend($1, 5000)", &[&launcher]).unwrap().get(0);
     assert!(terminated);
     wait_for("a restarted launcher", LIMIT, || launcher_backend(&mut client).filter(|&p| p != launcher));
-    let (_, ticks, _) = state(&mut client).unwrap();
-    wait_for("ticks after the launcher's restart", LIMIT, || state(&mut client).filter(|&(_, t, _)| t > ticks));
+    let (_, ticks, _) = worker_state(&mut client).unwrap();
+    wait_for("ticks after the launcher's restart", LIMIT, || worker_state(&mut client).filter(|&(_, t, _)| t > ticks));
 }
 
 fn launcher_backend(client: &mut Client) -> Option<i32> {
@@ -152,28 +144,26 @@ fn every_database_with_the_extension_gets_a_worker_and_can_still_be_dropped() {
     c.batch_execute(&format!("DROP DATABASE {db}")).unwrap();
     assert_eq!(workers(&mut c), 0);
     assert_eq!(launcher_backend(&mut c), launcher, "the launcher carries on");
-    let (_, t, _) = state(&mut c).unwrap();
-    wait_for("this database's worker still ticking", LIMIT, || state(&mut c).filter(|&(_, n, _)| n > t));
+    let (_, t, _) = worker_state(&mut c).unwrap();
+    wait_for("this database's worker still ticking", LIMIT, || worker_state(&mut c).filter(|&(_, n, _)| n > t));
 }
 
 #[test]
 fn the_worker_rearms_an_expired_claim_by_itself() {
     let _serial = serial();
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let id: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0);
     c.execute("SELECT * FROM pgqueue.pgq_claim($1, lease => '200 ms')", &[&q]).unwrap();
     let rearmed = stat(&mut c, "rearmed");
     // Nobody calls anything: the worker re-arms it.
-    wait_for("the worker to re-arm the claim", LIMIT, || {
-        (state_of(&mut c, id).as_deref() == Some("ready")).then_some(())
-    });
+    wait_for("the worker to re-arm the claim", LIMIT, || (state(&mut c, id).as_deref() == Some("ready")).then_some(()));
     // The counters are written at the end of the tick that re-armed it.
     wait_for("the re-arm counted", LIMIT, || (stat(&mut c, "rearmed") > rearmed).then_some(()));
     // And a delayed message is promoted in bulk by the worker too.
     let later: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}', delay => '200 ms')", &[&q]).unwrap().get(0);
     wait_for("the worker to promote a due message", LIMIT, || {
-        (state_of(&mut c, later).as_deref() == Some("ready")).then_some(())
+        (state(&mut c, later).as_deref() == Some("ready")).then_some(())
     });
 }
 
@@ -182,8 +172,8 @@ fn a_hundred_thousand_abandoned_claims_drain_in_bounded_passes_while_live_work_f
     const ABANDONED: i64 = 100_000;
     let _serial = serial();
     let mut c = connect();
-    let dead_fleet = new_queue(&mut c);
-    let live = new_queue(&mut c);
+    let dead_fleet = new_queue(&mut c, "");
+    let live = new_queue(&mut c, "");
     // The abandoned claims: claimed with a long lease, then aged past it in one statement
     // (as if the fleet died an hour ago), so none expires before all are claimed.
     c.execute(
@@ -258,7 +248,7 @@ fn a_hundred_thousand_abandoned_claims_drain_in_bounded_passes_while_live_work_f
 fn a_failing_step_is_counted_and_the_others_still_run() {
     let _serial = serial();
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let pid = wait_for("a ticking worker", LIMIT, || Some(stat(&mut c, "pid")).filter(|&p| p != 0));
     let failures = stat(&mut c, "prune_failures");
     // Break the prune step: its bookkeeping table disappears.
@@ -270,7 +260,7 @@ fn a_failing_step_is_counted_and_the_others_still_run() {
     let id: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0);
     c.execute("SELECT * FROM pgqueue.pgq_claim($1, lease => '100 ms')", &[&q]).unwrap();
     wait_for("a re-arm despite the failing prune", LIMIT, || {
-        (state_of(&mut c, id).as_deref() == Some("ready")).then_some(())
+        (state(&mut c, id).as_deref() == Some("ready")).then_some(())
     });
     c.batch_execute("ALTER TABLE pgqueue.prune_state_gone RENAME TO prune_state").unwrap();
     assert_eq!(stat(&mut c, "pid"), pid, "the same worker process carried on");
@@ -280,7 +270,7 @@ fn a_failing_step_is_counted_and_the_others_still_run() {
 fn a_session_bound_claim_comes_back_when_its_backend_dies() {
     let _serial = serial();
     let mut c = connect();
-    let q = new_queue(&mut c);
+    let q = new_queue(&mut c, "");
     let bound: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{\"bound\": true}')", &[&q]).unwrap().get(0);
     let plain: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0);
     let mut consumer = connect();
@@ -294,17 +284,17 @@ fn a_session_bound_claim_comes_back_when_its_backend_dies() {
     // While the consumer lives, its claim stays.
     let ticks = stat(&mut c, "ticks");
     wait_for("two ticks", LIMIT, || (stat(&mut c, "ticks") >= ticks + 2).then_some(()));
-    assert_eq!(state_of(&mut c, bound).as_deref(), Some("claimed"));
+    assert_eq!(state(&mut c, bound).as_deref(), Some("claimed"));
 
     let ok: bool = c.query_one("SELECT pg_terminate_backend($1, 5000)", &[&consumer_pid]).unwrap().get(0);
     assert!(ok);
     let ticks = stat(&mut c, "ticks");
     wait_for("the session-bound claim back", LIMIT, || {
-        (state_of(&mut c, bound).as_deref() == Some("ready")).then_some(())
+        (state(&mut c, bound).as_deref() == Some("ready")).then_some(())
     });
     let took = stat(&mut c, "ticks") - ticks;
     assert!(took <= 3, "claimable again within two ticks (took {took})");
-    assert_eq!(state_of(&mut c, plain).as_deref(), Some("claimed"), "a plain claim waits for its lease");
+    assert_eq!(state(&mut c, plain).as_deref(), Some("claimed"), "a plain claim waits for its lease");
 }
 
 #[test]

@@ -3,10 +3,14 @@
 
 #![allow(dead_code)]
 
+pub mod kit;
 pub mod server;
 
+#[allow(unused_imports)]
+pub use kit::*;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub use postgres::Client;
@@ -165,4 +169,40 @@ pub fn prune(c: &mut Client, q: &str) -> Vec<(String, String, i64)> {
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect()
+}
+
+/// Which file of a grouped test binary (tests/README.md) has the cluster, and how many of
+/// its tests are running.
+struct Turns {
+    file: Option<&'static str>,
+    running: usize,
+}
+
+static TURNS: Mutex<Turns> = Mutex::new(Turns { file: None, running: 0 });
+static TURN_OVER: Condvar = Condvar::new();
+
+/// A test's turn in a grouped binary: the tests of one file run together, in parallel as in
+/// a binary of their own, never alongside another file's tests. Held until dropped.
+pub struct FileTurn;
+
+/// Waits until no other file's tests run, then holds the turn for `file` (pass `file!()`).
+pub fn file_turn(file: &'static str) -> FileTurn {
+    let mut t = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    while t.file.is_some_and(|f| f != file) {
+        t = TURN_OVER.wait(t).unwrap_or_else(|e| e.into_inner());
+    }
+    t.file = Some(file);
+    t.running += 1;
+    FileTurn
+}
+
+impl Drop for FileTurn {
+    fn drop(&mut self) {
+        let mut t = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+        t.running -= 1;
+        if t.running == 0 {
+            t.file = None;
+            TURN_OVER.notify_all();
+        }
+    }
 }

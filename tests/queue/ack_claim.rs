@@ -6,7 +6,10 @@
 //! draining a queue exactly once, with and without wrong tokens thrown in; and the order in
 //! which claims hand messages out, to one consumer and to many.
 
-use crate::common::{Client, connect_to, unique_queue, wait_for};
+use crate::common::{
+    Claimed, Client, Finished, Message, claim, connect_to, held, history_of, message, new_queue, send, send_many,
+    state, unique_queue, wait_for,
+};
 use crate::connect;
 use serde_json::json;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -20,44 +23,6 @@ static HEAVY: Mutex<()> = Mutex::new(());
 
 fn heavy() -> MutexGuard<'static, ()> {
     HEAVY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn new_queue(c: &mut Client, args: &str) -> String {
-    let q = unique_queue("ackc");
-    c.execute(&format!("SELECT pgqueue.pgq_create_queue('{q}'{args})"), &[]).unwrap();
-    q
-}
-
-fn send(c: &mut Client, q: &str) -> i64 {
-    c.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0)
-}
-
-/// `n` messages in batches of at most 1,000 (pgq_send_batch); their ids.
-fn send_many(c: &mut Client, q: &str, n: usize) -> Vec<i64> {
-    let mut ids = Vec::with_capacity(n);
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        let payloads: Vec<serde_json::Value> = chunk.iter().map(|i| json!({ "i": i })).collect();
-        let rows = c.query("SELECT * FROM pgqueue.pgq_send_batch($1, $2)", &[&q, &payloads]).unwrap();
-        ids.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
-    }
-    ids
-}
-
-/// (msg_id, claim_token) of what `pgq_claim(q, qty, lease)` claimed.
-fn claim(c: &mut Client, q: &str, qty: i32, lease: &str) -> Vec<(i64, Uuid)> {
-    c.query("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, $2, $3::text::interval)", &[&q, &qty, &lease])
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Claimed {
-    id: i64,
-    token: Uuid,
-    attempt: i32,
-    priority: i16,
 }
 
 /// What one pgq_ack_claim call returned.
@@ -132,28 +97,13 @@ fn ack_claim(c: &mut Client, q: &str, held: &[(i64, Uuid)], args: &str) -> Reply
     reply
 }
 
-/// A message as the tables have it: (state, claim_token, attempt) while in `messages`.
-fn message(c: &mut Client, id: i64) -> Option<(String, Option<Uuid>, i32)> {
-    c.query_opt("SELECT state, claim_token, attempt FROM pgqueue.messages WHERE msg_id = $1", &[&id])
-        .unwrap()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-}
-
-/// Its rows in `history`: (queue, outcome, attempt).
-fn history(c: &mut Client, id: i64) -> Vec<(String, String, i32)> {
-    c.query("SELECT queue, outcome, attempt FROM pgqueue.history WHERE msg_id = $1", &[&id])
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect()
-}
-
 fn claimed_by(c: &mut Client, id: i64, token: Uuid) -> bool {
-    message(c, id).is_some_and(|(state, t, _)| state == "claimed" && t == Some(token))
+    message(c, id).is_some_and(|m| m.state == "claimed" && m.token == Some(token))
 }
 
 fn completed_once(c: &mut Client, q: &str, id: i64) -> bool {
-    message(c, id).is_none() && history(c, id).iter().filter(|h| h.0 == q && h.1 == "completed").count() == 1
+    message(c, id).is_none()
+        && history_of(c, id).iter().filter(|h| h.queue == q && h.outcome == "completed").count() == 1
 }
 
 /// A row of `messages`: (msg_id, state, claim_token, attempt, lease_expires_at).
@@ -217,8 +167,8 @@ fn error_of(c: &mut Client, sql: &str) -> (String, String) {
 fn ack_claim_errors_change_nothing() {
     let mut c = connect_to(&ordering_db());
     let q = new_queue(&mut c, "");
-    let ids = send_many(&mut c, &q, 3);
-    let (a, ta) = claim(&mut c, &q, 1, "1 hour")[0];
+    let ids = send_many(&mut c, &q, 3, "0");
+    let (a, ta) = held(&claim(&mut c, &q, 1, Some("1 hour")))[0];
     let other = ids[1];
     assert_eq!(a, ids[0]);
     {
@@ -310,8 +260,8 @@ fn ack_claim_errors_change_nothing() {
 fn ack_claim_reports_stale_acks_and_completes_only_good_ones() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    send_many(&mut c, &q, 9);
-    let held = claim(&mut c, &q, 7, "1 hour");
+    send_many(&mut c, &q, 9, "0");
+    let held = held(&claim(&mut c, &q, 7, Some("1 hour")));
     let m: Vec<i64> = held.iter().map(|h| h.0).collect();
     let t: Vec<Uuid> = held.iter().map(|h| h.1).collect();
     let rnd = Uuid::new_v4;
@@ -322,7 +272,7 @@ fn ack_claim_reports_stale_acks_and_completes_only_good_ones() {
     assert_eq!(reply.claimed.len(), 1, "qty 1 claimed after the report");
     let extra1 = reply.held()[0];
     assert!(claimed_by(&mut c, m[0], t[0]), "the holder keeps it");
-    assert!(history(&mut c, m[0]).is_empty());
+    assert!(history_of(&mut c, m[0]).is_empty());
 
     // Already finished (by pgq_ack): reported, completed only once.
     let ok: bool = c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&m[1], &t[1]]).unwrap().get(0);
@@ -359,7 +309,11 @@ fn ack_claim_reports_stale_acks_and_completes_only_good_ones() {
     assert_eq!(reply.not_acked, vec![m[5], -7, m[2], m6.0]);
     assert!(reply.claimed.is_empty(), "nothing left to claim");
     for id in [m[0], m[3]] {
-        assert_eq!(history(&mut c, id), vec![(q.clone(), "completed".to_string(), 1)], "{id} completed once");
+        assert_eq!(
+            history_of(&mut c, id).iter().map(Finished::summary).collect::<Vec<_>>(),
+            vec![(q.as_str(), "completed", 1)],
+            "{id} completed once"
+        );
     }
     assert!(completed_once(&mut c, &q, m[2]), "not completed twice");
     assert!(claimed_by(&mut c, m[5], t[5]) && claimed_by(&mut c, m6.0, m6.1));
@@ -388,14 +342,18 @@ fn ack_claim_fences_off_a_rearmed_and_reclaimed_claim() {
     let mut c = connect();
     let mut other = connect();
     let q = new_queue(&mut c, "");
-    let ids = send_many(&mut c, &q, 2);
-    let old = claim(&mut c, &q, 2, "50 ms");
+    let ids = send_many(&mut c, &q, 2, "0");
+    let old = held(&claim(&mut c, &q, 2, Some("50 ms")));
     assert_eq!(old.iter().map(|h| h.0).collect::<Vec<_>>(), ids);
     std::thread::sleep(Duration::from_millis(150));
     // (A tick of another test may have re-armed them first: what counts is that they are.)
     c.execute("SELECT * FROM pgqueue.pgq_rearm(queue => $1)", &[&q]).unwrap();
     for id in &ids {
-        assert_eq!(message(&mut c, *id), Some(("ready".to_string(), None, 1)), "re-armed");
+        assert_eq!(
+            message(&mut c, *id),
+            Some(Message { state: "ready".to_string(), token: None, attempt: 1 }),
+            "re-armed"
+        );
     }
 
     // Another session claims the first again.
@@ -413,7 +371,7 @@ fn ack_claim_fences_off_a_rearmed_and_reclaimed_claim() {
     assert_ne!(reply.claimed[0].token, old[1].1, "a new claim, a new token");
     let mine = reply.held()[0];
     assert!(claimed_by(&mut c, ids[0], theirs.1), "the new holder keeps it");
-    assert!(history(&mut c, ids[0]).is_empty() && history(&mut c, ids[1]).is_empty());
+    assert!(history_of(&mut c, ids[0]).is_empty() && history_of(&mut c, ids[1]).is_empty());
 
     // The old tokens are dead for good; the current holders ack.
     let reply = ack_claim(&mut c, &q, &old, "");
@@ -423,7 +381,10 @@ fn ack_claim_fences_off_a_rearmed_and_reclaimed_claim() {
     let reply = ack_claim(&mut c, &q, &[mine], "");
     assert!(reply.not_acked.is_empty() && reply.claimed.is_empty());
     for id in &ids {
-        assert_eq!(history(&mut c, *id), vec![(q.clone(), "completed".to_string(), 2)]);
+        assert_eq!(
+            history_of(&mut c, *id).iter().map(Finished::summary).collect::<Vec<_>>(),
+            vec![(q.as_str(), "completed", 2)]
+        );
     }
 }
 
@@ -441,7 +402,7 @@ fn ack_claim_with_empty_arrays_is_a_plain_claim() {
         )
         .unwrap()
         .get(0);
-    let third = send(&mut c, &q);
+    let third = send(&mut c, &q, json!({}));
     let row = c
         .query_one(
             "SELECT kind, msg_id, attempt, priority, payload, headers, enqueued_at <= now(),
@@ -586,13 +547,13 @@ fn a_session_claims_on_after_the_extension_is_created_again() {
 fn ack_claim_on_a_paused_queue_acks_and_claims_nothing() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    let ids = send_many(&mut c, &q, 3);
-    let held = claim(&mut c, &q, 2, "1 hour");
+    let ids = send_many(&mut c, &q, 3, "0");
+    let held = held(&claim(&mut c, &q, 2, Some("1 hour")));
     c.execute("SELECT pgqueue.pgq_pause_queue($1)", &[&q]).unwrap();
     let reply = ack_claim(&mut c, &q, &held, ", qty => 10");
     assert!(reply.not_acked.is_empty() && reply.claimed.is_empty(), "{reply:?}");
     assert!(completed_once(&mut c, &q, ids[0]) && completed_once(&mut c, &q, ids[1]));
-    assert_eq!(message(&mut c, ids[2]).map(|m| m.0).as_deref(), Some("ready"));
+    assert_eq!(state(&mut c, ids[2]).as_deref(), Some("ready"));
     c.execute("SELECT pgqueue.pgq_resume_queue($1)", &[&q]).unwrap();
     assert_eq!(ack_claim(&mut c, &q, &[], ", qty => 10").ids(), vec![ids[2]]);
 }
@@ -604,13 +565,16 @@ fn ack_claim_acks_a_message_of_another_queue() {
     let mut c = connect();
     let qa = new_queue(&mut c, "");
     let qb = new_queue(&mut c, "");
-    let a = send(&mut c, &qa);
-    let b = send(&mut c, &qb);
-    let held = claim(&mut c, &qa, 1, "1 hour");
+    let a = send(&mut c, &qa, json!({}));
+    let b = send(&mut c, &qb, json!({}));
+    let held = held(&claim(&mut c, &qa, 1, Some("1 hour")));
     let reply = ack_claim(&mut c, &qb, &held, "");
     assert!(reply.not_acked.is_empty());
     assert_eq!(reply.ids(), vec![b]);
-    assert_eq!(history(&mut c, a), vec![(qa.clone(), "completed".to_string(), 1)]);
+    assert_eq!(
+        history_of(&mut c, a).iter().map(Finished::summary).collect::<Vec<_>>(),
+        vec![(qa.as_str(), "completed", 1)]
+    );
     assert!(world(&mut c, &qa).messages.is_empty() && world(&mut c, &qb).history.is_empty());
 }
 
@@ -621,8 +585,8 @@ fn ack_claim_acks_a_message_of_another_queue() {
 fn ack_claim_that_acked_does_not_wait() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    send_many(&mut c, &q, 3);
-    let held = claim(&mut c, &q, 3, "1 hour");
+    send_many(&mut c, &q, 3, "0");
+    let held = held(&claim(&mut c, &q, 3, Some("1 hour")));
     // Acks that all fail the fence do not make it wait either: their report comes at once.
     for acks in [vec![held[0]], vec![held[1], (held[2].0, Uuid::new_v4())], vec![(held[2].0, Uuid::new_v4())]] {
         let start = Instant::now();
@@ -646,8 +610,8 @@ fn ack_claim_that_acked_does_not_wait() {
 fn ack_claim_with_nothing_to_ack_waits_and_a_send_wakes_it() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    send(&mut c, &q);
-    let (id, token) = claim(&mut c, &q, 1, "1 hour")[0];
+    send(&mut c, &q, json!({}));
+    let (id, token) = held(&claim(&mut c, &q, 1, Some("1 hour")))[0];
     // Twice: a wake-up of the first round must not be left over for the second.
     for _ in 0..2 {
         let acks: Vec<(i64, Uuid)> = vec![];
@@ -665,7 +629,7 @@ fn ack_claim_with_nothing_to_ack_waits_and_a_send_wakes_it() {
                 c.query_one("SELECT waiting_claims FROM pgqueue.queue_depth WHERE queue = $1", &[&q]).unwrap().get(0);
             (waiting == 1).then_some(())
         });
-        let sent = send(&mut c, &q);
+        let sent = send(&mut c, &q, json!({}));
         let (reply, elapsed) = waiter.join().unwrap();
         assert_eq!(reply.not_acked, acks.iter().map(|a| a.0).collect::<Vec<_>>());
         assert_eq!(reply.ids(), vec![sent], "woken by the send, with its message");
@@ -682,8 +646,8 @@ fn ack_claim_with_nothing_to_ack_waits_and_a_send_wakes_it() {
 fn ack_claim_privileges() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
-    send_many(&mut c, &q, 3);
-    let (a, ta) = claim(&mut c, &q, 1, "1 hour")[0];
+    send_many(&mut c, &q, 3, "0");
+    let (a, ta) = held(&claim(&mut c, &q, 1, Some("1 hour")))[0];
     let signature = "pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval)";
     for (role, expected) in
         [("public", false), ("pgqueue_producer", false), ("pgqueue_consumer", true), ("pgqueue_admin", true)]
@@ -844,7 +808,7 @@ fn ack_claim_32_sessions_drain_20000_exactly_once() {
     let _heavy = heavy();
     let mut c = connect();
     let q = new_queue(&mut c, ", lease => '10 min'");
-    let ids = send_many(&mut c, &q, 20_000);
+    let ids = send_many(&mut c, &q, 20_000, "0");
     let sessions = drain(&q, 32, false);
     let not_acked: Vec<i64> = sessions.iter().flat_map(|s| s.not_acked.iter().copied()).collect();
     assert!(not_acked.is_empty(), "no ack failed: {not_acked:?}");
@@ -860,7 +824,7 @@ fn ack_claim_fence_holds_under_concurrency() {
     let _heavy = heavy();
     let mut c = connect();
     let q = new_queue(&mut c, ", lease => '10 min'");
-    let ids = send_many(&mut c, &q, 4_000);
+    let ids = send_many(&mut c, &q, 4_000, "0");
     let sessions = drain(&q, 8, true);
     let spoiled: Vec<i64> = sessions.iter().flat_map(|s| s.spoiled.iter().flatten().copied()).collect();
     let not_acked: Vec<i64> = sessions.iter().flat_map(|s| s.not_acked.iter().copied()).collect();
@@ -1129,7 +1093,7 @@ fn a_row_handed_to_one_claim_is_passed_over_by_others_until_it_rolls_back() {
     let mut b = connect_to(&db);
     let q = unique_queue("ackc_hand");
     a.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
-    let ids = send_many(&mut a, &q, 3);
+    let ids = send_many(&mut a, &q, 3, "0");
     use_hints(&mut a, &q, true);
     let take = |c: &mut Client, id: i64| -> bool {
         c.query_one(
@@ -1146,12 +1110,12 @@ fn a_row_handed_to_one_claim_is_passed_over_by_others_until_it_rolls_back() {
     assert!(take(&mut a, ids[0]), "and may ask again");
     assert!(!take(&mut b, ids[0]), "another claim is not handed it");
     assert_eq!(hint(&mut b, &q), ids[1], "claims now start past it");
-    let got: Vec<i64> = claim(&mut b, &q, 2, "1 hour").iter().map(|x| x.0).collect();
+    let got: Vec<i64> = held(&claim(&mut b, &q, 2, Some("1 hour"))).iter().map(|x| x.0).collect();
     assert_eq!(got, ids[1..].to_vec(), "a claim takes the rows after it, without waiting for it");
 
     a.batch_execute("ROLLBACK").unwrap();
     assert_eq!(hint(&mut b, &q), ids[0], "the rollback brings the hint back down");
-    let got: Vec<i64> = claim(&mut b, &q, 2, "1 hour").iter().map(|x| x.0).collect();
+    let got: Vec<i64> = held(&claim(&mut b, &q, 2, Some("1 hour"))).iter().map(|x| x.0).collect();
     assert_eq!(got, vec![ids[0]], "the row handed out and rolled back is claimed");
 }
 
@@ -1165,11 +1129,11 @@ fn a_claim_is_handed_only_what_it_takes_whatever_the_planner_settings() {
     let mut c = connect_to(&db);
     let q = unique_queue("ackc_plan");
     c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
-    let ids = send_many(&mut c, &q, 200);
+    let ids = send_many(&mut c, &q, 200, "0");
     use_hints(&mut c, &q, true);
     c.batch_execute("SET enable_indexscan = off; SET enable_seqscan = off").unwrap();
     for (n, qty) in [(0usize, 1i32), (1, 3), (4, 1)] {
-        let got: Vec<i64> = claim(&mut c, &q, qty, "1 hour").iter().map(|x| x.0).collect();
+        let got: Vec<i64> = held(&claim(&mut c, &q, qty, Some("1 hour"))).iter().map(|x| x.0).collect();
         assert_eq!(got, ids[n..n + qty as usize].to_vec(), "claims go on in order");
         assert_eq!(hint(&mut c, &q), ids[n + qty as usize], "the hint passed only what was claimed");
     }

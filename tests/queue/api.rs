@@ -1,41 +1,10 @@
 //! Every API function's normal path and every documented error.
 
-use crate::common::{Client, sqlstate, unique_queue};
+use crate::common::{Claimed, Client, claim, count, new_queue, outcome, send, sqlstate, state, unique_queue};
 use crate::connect;
 use serde_json::json;
 use std::time::Duration;
 use uuid::Uuid;
-
-fn new_queue(c: &mut Client, args: &str) -> String {
-    let q = unique_queue("api");
-    c.execute(&format!("SELECT pgqueue.pgq_create_queue('{q}'{args})"), &[]).unwrap();
-    q
-}
-
-fn send(c: &mut Client, q: &str, payload: serde_json::Value) -> i64 {
-    c.query_one("SELECT pgqueue.pgq_send($1, $2)", &[&q, &payload]).unwrap().get(0)
-}
-
-/// (msg_id, claim_token, attempt) of each claimed message.
-fn claim(c: &mut Client, q: &str, qty: i32) -> Vec<(i64, Uuid, i32)> {
-    c.query("SELECT msg_id, claim_token, attempt FROM pgqueue.pgq_claim($1, $2)", &[&q, &qty])
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect()
-}
-
-fn count(c: &mut Client, sql: &str, q: &str) -> i64 {
-    c.query_one(sql, &[&q]).unwrap().get(0)
-}
-
-fn state_of(c: &mut Client, id: i64) -> Option<String> {
-    c.query_opt("SELECT state FROM pgqueue.messages WHERE msg_id = $1", &[&id]).unwrap().map(|r| r.get(0))
-}
-
-fn outcome_of(c: &mut Client, id: i64) -> Option<String> {
-    c.query_opt("SELECT outcome FROM pgqueue.history WHERE msg_id = $1", &[&id]).unwrap().map(|r| r.get(0))
-}
 
 #[test]
 fn create_and_drop_queues() {
@@ -174,13 +143,13 @@ fn send_claim_ack() {
     assert_eq!(row.get::<_, serde_json::Value>(5), json!({"h": "v"}));
     assert!(row.get::<_, bool>(6));
     assert!(row.get::<_, bool>(7), "default lease is the queue's 120 s");
-    assert_eq!(state_of(&mut c, id).as_deref(), Some("claimed"));
-    assert!(claim(&mut c, &q, 1).is_empty(), "a claimed message is not claimable");
+    assert_eq!(state(&mut c, id).as_deref(), Some("claimed"));
+    assert!(claim(&mut c, &q, 1, None).is_empty(), "a claimed message is not claimable");
 
     let acked: bool = c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
     assert!(acked);
-    assert_eq!(state_of(&mut c, id), None);
-    assert_eq!(outcome_of(&mut c, id).as_deref(), Some("completed"));
+    assert_eq!(state(&mut c, id), None);
+    assert_eq!(outcome(&mut c, id).as_deref(), Some("completed"));
     let again: bool = c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
     assert!(!again, "a second ack changes nothing");
     assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.history WHERE queue = $1", &q), 1);
@@ -194,7 +163,7 @@ fn priority_then_fifo() {
     for p in [0i16, 5, 0, -3, 5] {
         ids.push(c.query_one("SELECT pgqueue.pgq_send($1, '{}', priority => $2)", &[&q, &p]).unwrap().get::<_, i64>(0));
     }
-    let got: Vec<i64> = claim(&mut c, &q, 10).into_iter().map(|(id, ..)| id).collect();
+    let got: Vec<i64> = claim(&mut c, &q, 10, None).into_iter().map(|m| m.id).collect();
     assert_eq!(got, vec![ids[1], ids[4], ids[0], ids[2], ids[3]]);
     for p in [-1001i16, 1001] {
         assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send($1, '{}', priority => $2)", &[&q, &p])), "22023");
@@ -270,13 +239,13 @@ fn delayed_messages_become_claimable_without_the_worker() {
     let q = new_queue(&mut c, "");
     let later: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '1', delay => '1 hour')", &[&q]).unwrap().get(0);
     let soon: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '2', delay => '2 s')", &[&q]).unwrap().get(0);
-    assert_eq!(state_of(&mut c, later).as_deref(), Some("delayed"));
-    assert!(claim(&mut c, &q, 10).is_empty(), "nothing is due yet");
+    assert_eq!(state(&mut c, later).as_deref(), Some("delayed"));
+    assert!(claim(&mut c, &q, 10, None).is_empty(), "nothing is due yet");
     std::thread::sleep(Duration::from_millis(2200));
     // Claimed even if the worker never ran: the claim promotes due messages itself.
-    let got: Vec<i64> = claim(&mut c, &q, 10).into_iter().map(|(id, ..)| id).collect();
+    let got: Vec<i64> = claim(&mut c, &q, 10, None).into_iter().map(|m| m.id).collect();
     assert_eq!(got, vec![soon]);
-    assert_eq!(state_of(&mut c, later).as_deref(), Some("delayed"));
+    assert_eq!(state(&mut c, later).as_deref(), Some("delayed"));
     assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send($1, '1', delay => '-1 s')", &[&q])), "22023");
     assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_send($1, '1', delay => NULL)", &[&q])), "22004");
 }
@@ -287,10 +256,10 @@ fn paused_queue_yields_nothing() {
     let q = new_queue(&mut c, "");
     send(&mut c, &q, json!(1));
     c.execute("SELECT pgqueue.pgq_pause_queue($1)", &[&q]).unwrap();
-    assert!(claim(&mut c, &q, 1).is_empty());
+    assert!(claim(&mut c, &q, 1, None).is_empty());
     send(&mut c, &q, json!(2)); // producers are not stopped by a pause
     c.execute("SELECT pgqueue.pgq_resume_queue($1)", &[&q]).unwrap();
-    assert_eq!(claim(&mut c, &q, 10).len(), 2);
+    assert_eq!(claim(&mut c, &q, 10, None).len(), 2);
 }
 
 #[test]
@@ -299,8 +268,8 @@ fn renew_extends_only_held_claims() {
     let q = new_queue(&mut c, "");
     send(&mut c, &q, json!(1));
     send(&mut c, &q, json!(2));
-    let held = claim(&mut c, &q, 2);
-    let (id, token, _) = held[0];
+    let held = claim(&mut c, &q, 2, None);
+    let Claimed { id, token, .. } = held[0];
     let renewed: bool =
         c.query_one("SELECT pgqueue.pgq_renew($1::bigint, $2::uuid, '1 hour')", &[&id, &token]).unwrap().get(0);
     assert!(renewed);
@@ -316,8 +285,8 @@ fn renew_extends_only_held_claims() {
     assert!(!renewed, "an unknown message renews nothing");
 
     // Batch: the whole unfinished batch, minus what is no longer held.
-    let ids: Vec<i64> = held.iter().map(|h| h.0).collect();
-    let mut tokens: Vec<Uuid> = held.iter().map(|h| h.1).collect();
+    let ids: Vec<i64> = held.iter().map(|h| h.id).collect();
+    let mut tokens: Vec<Uuid> = held.iter().map(|h| h.token).collect();
     let got: Vec<i64> = c
         .query("SELECT * FROM pgqueue.pgq_renew($1::bigint[], $2::uuid[]) ORDER BY 1", &[&ids, &tokens])
         .unwrap()
@@ -347,9 +316,9 @@ fn batch_ack() {
     for i in 0..5 {
         send(&mut c, &q, json!(i));
     }
-    let held = claim(&mut c, &q, 5);
-    let ids: Vec<i64> = held.iter().map(|h| h.0).collect();
-    let mut tokens: Vec<Uuid> = held.iter().map(|h| h.1).collect();
+    let held = claim(&mut c, &q, 5, None);
+    let ids: Vec<i64> = held.iter().map(|h| h.id).collect();
+    let mut tokens: Vec<Uuid> = held.iter().map(|h| h.token).collect();
     tokens[2] = Uuid::new_v4();
     let acked: Vec<i64> = c
         .query("SELECT * FROM pgqueue.pgq_ack($1::bigint[], $2::uuid[])", &[&ids, &tokens])
@@ -358,7 +327,7 @@ fn batch_ack() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(acked, vec![ids[0], ids[1], ids[3], ids[4]]);
-    assert_eq!(state_of(&mut c, ids[2]).as_deref(), Some("claimed"));
+    assert_eq!(state(&mut c, ids[2]).as_deref(), Some("claimed"));
     let short = vec![ids[0]];
     assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_ack($1::bigint[], $2::uuid[])", &[&short, &tokens])), "22023");
 }
@@ -369,18 +338,18 @@ fn nack_retries_then_dead_letters() {
     let q = new_queue(&mut c, ", max_attempts => 3");
     let id = send(&mut c, &q, json!({"job": 1}));
     // Immediate retry.
-    let (_, token, attempt) = claim(&mut c, &q, 1)[0];
+    let Claimed { token, attempt, .. } = claim(&mut c, &q, 1, None)[0];
     assert_eq!(attempt, 1);
     let ok: bool = c
         .query_one("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0 s', error => 'boom')", &[&id, &token])
         .unwrap()
         .get(0);
     assert!(ok);
-    assert_eq!(state_of(&mut c, id).as_deref(), Some("ready"));
+    assert_eq!(state(&mut c, id).as_deref(), Some("ready"));
     let stale: bool = c.query_one("SELECT pgqueue.pgq_nack($1, $2)", &[&id, &token]).unwrap().get(0);
     assert!(!stale, "a nacked claim's token is spent");
     // Default: exponential backoff, so the message waits (delayed) before the next try.
-    let (_, token, attempt) = claim(&mut c, &q, 1)[0];
+    let Claimed { token, attempt, .. } = claim(&mut c, &q, 1, None)[0];
     assert_eq!(attempt, 2);
     c.execute("SELECT pgqueue.pgq_nack($1, $2)", &[&id, &token]).unwrap();
     let row = c
@@ -393,18 +362,18 @@ fn nack_retries_then_dead_letters() {
     // API, so the queue's shared state learns it at the next tick (the worker is off here).
     c.execute("UPDATE pgqueue.messages SET visible_at = now() WHERE msg_id = $1", &[&id]).unwrap();
     c.execute("SELECT pgqueue.pgq_tick()", &[]).unwrap();
-    let (_, token, attempt) = claim(&mut c, &q, 1)[0];
+    let Claimed { token, attempt, .. } = claim(&mut c, &q, 1, None)[0];
     assert_eq!(attempt, 3);
     c.execute("SELECT pgqueue.pgq_nack($1, $2, error => 'final')", &[&id, &token]).unwrap();
-    assert_eq!(state_of(&mut c, id), None);
-    assert_eq!(outcome_of(&mut c, id).as_deref(), Some("dead"));
+    assert_eq!(state(&mut c, id), None);
+    assert_eq!(outcome(&mut c, id).as_deref(), Some("dead"));
     assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '-1 s')", &[&id, &token])), "22023");
 
     // Redrive brings it back with a fresh attempt count.
     let n: i64 = c.query_one("SELECT pgqueue.pgq_redrive($1)", &[&q]).unwrap().get(0);
     assert_eq!(n, 1);
-    assert_eq!(outcome_of(&mut c, id), None);
-    let (got, _, attempt) = claim(&mut c, &q, 1)[0];
+    assert_eq!(outcome(&mut c, id), None);
+    let Claimed { id: got, attempt, .. } = claim(&mut c, &q, 1, None)[0];
     assert_eq!((got, attempt), (id, 1));
 }
 
@@ -414,7 +383,7 @@ fn fail_dead_letters_now_and_redrive_by_id() {
     let q = new_queue(&mut c, "");
     let a = send(&mut c, &q, json!("a"));
     let b = send(&mut c, &q, json!("b"));
-    for (id, token, _) in claim(&mut c, &q, 2) {
+    for Claimed { id, token, .. } in claim(&mut c, &q, 2, None) {
         let ok: bool = c.query_one("SELECT pgqueue.pgq_fail($1, $2, 'bad input')", &[&id, &token]).unwrap().get(0);
         assert!(ok);
         let again: bool = c.query_one("SELECT pgqueue.pgq_fail($1, $2)", &[&id, &token]).unwrap().get(0);
@@ -426,8 +395,8 @@ fn fail_dead_letters_now_and_redrive_by_id() {
     assert_eq!(dead, 2);
     let n: i64 = c.query_one("SELECT pgqueue.pgq_redrive($1, ARRAY[$2::bigint])", &[&q, &b]).unwrap().get(0);
     assert_eq!(n, 1);
-    assert_eq!(state_of(&mut c, b).as_deref(), Some("ready"));
-    assert_eq!(outcome_of(&mut c, a).as_deref(), Some("dead"));
+    assert_eq!(state(&mut c, b).as_deref(), Some("ready"));
+    assert_eq!(outcome(&mut c, a).as_deref(), Some("dead"));
 }
 
 #[test]
@@ -435,7 +404,7 @@ fn drop_queue_refuses_while_claimed() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
     send(&mut c, &q, json!(1));
-    claim(&mut c, &q, 1);
+    claim(&mut c, &q, 1, None);
     assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q])), "55006");
     assert_eq!(count(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1", &q), 1, "nothing changed");
     c.execute("SELECT pgqueue.pgq_drop_queue($1, force => true)", &[&q]).unwrap();
@@ -559,17 +528,17 @@ fn transactions() {
     let mut tx = c.transaction().unwrap();
     tx.execute("SELECT pgqueue.pgq_send($1, '1')", &[&q]).unwrap();
     tx.rollback().unwrap();
-    assert!(claim(&mut c, &q, 10).is_empty());
+    assert!(claim(&mut c, &q, 10, None).is_empty());
 
     // A send is invisible to other sessions until commit.
     let mut other = connect();
     let mut tx = c.transaction().unwrap();
     tx.execute("SELECT pgqueue.pgq_send($1, '2')", &[&q]).unwrap();
-    assert!(claim(&mut other, &q, 10).is_empty());
+    assert!(claim(&mut other, &q, 10, None).is_empty());
     tx.commit().unwrap();
-    let got = claim(&mut other, &q, 10);
+    let got = claim(&mut other, &q, 10, None);
     assert_eq!(got.len(), 1);
-    c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&got[0].0, &got[0].1]).unwrap();
+    c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&got[0].id, &got[0].token]).unwrap();
 
     // A rolled-back claim leaves the message claimable.
     let id = send(&mut c, &q, json!(3));
@@ -577,7 +546,7 @@ fn transactions() {
     let n = tx.query("SELECT * FROM pgqueue.pgq_claim($1)", &[&q]).unwrap().len();
     assert_eq!(n, 1);
     tx.rollback().unwrap();
-    assert_eq!(claim(&mut c, &q, 10)[0].0, id);
+    assert_eq!(claim(&mut c, &q, 10, None)[0].id, id);
 
     // Send plus a business write commit or vanish together.
     let orders = unique_queue("orders");
@@ -642,17 +611,17 @@ fn a_transaction_claims_what_it_made_claimable_itself() {
     crate::common::wait_for("the worker to check the queue", Duration::from_secs(30), || checked(&mut c).then_some(()));
     c.batch_execute("BEGIN").unwrap();
     let id = send(&mut c, &q, json!("mine"));
-    let got = claim(&mut c, &q, 1);
-    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), vec![id], "its own send");
-    c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0')", &[&id, &got[0].1]).unwrap();
-    let again = claim(&mut c, &q, 1);
-    assert_eq!(again.iter().map(|g| g.0).collect::<Vec<_>>(), vec![id], "its own nack");
+    let got = claim(&mut c, &q, 1, None);
+    assert_eq!(got.iter().map(|g| g.id).collect::<Vec<_>>(), vec![id], "its own send");
+    c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0')", &[&id, &got[0].token]).unwrap();
+    let again = claim(&mut c, &q, 1, None);
+    assert_eq!(again.iter().map(|g| g.id).collect::<Vec<_>>(), vec![id], "its own nack");
     c.batch_execute("COMMIT").unwrap();
 
     // A claim committed before, given back in this transaction: the same.
     crate::common::wait_for("the worker to check the queue", Duration::from_secs(30), || checked(&mut c).then_some(()));
     c.batch_execute("BEGIN").unwrap();
-    c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0')", &[&id, &again[0].1]).unwrap();
-    assert_eq!(claim(&mut c, &q, 1).first().map(|g| g.0), Some(id), "its own nack of an older claim");
+    c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0')", &[&id, &again[0].token]).unwrap();
+    assert_eq!(claim(&mut c, &q, 1, None).first().map(|g| g.id), Some(id), "its own nack of an older claim");
     c.batch_execute("COMMIT").unwrap();
 }

@@ -1,38 +1,12 @@
 //! Concurrency, proven with many real connections: no double claim, no loss, re-arm
 //! exactly once, and fencing of stale claim tokens.
 
-use crate::common::{Client, unique_queue};
+use crate::common::{Client, claim_all, held, new_queue, send_many};
 use crate::connect;
-use serde_json::json;
 use std::collections::HashSet;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 use uuid::Uuid;
-
-fn new_queue(c: &mut Client, args: &str) -> String {
-    let q = unique_queue("conc");
-    c.execute(&format!("SELECT pgqueue.pgq_create_queue('{q}'{args})"), &[]).unwrap();
-    q
-}
-
-fn send_many(c: &mut Client, q: &str, n: usize, delay: &str) {
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        let payloads: Vec<serde_json::Value> = chunk.iter().map(|i| json!({ "i": i })).collect();
-        c.execute(&format!("SELECT pgqueue.pgq_send_batch($1, $2, delay => '{delay}')"), &[&q, &payloads]).unwrap();
-    }
-}
-
-fn claim_all(c: &mut Client, q: &str, lease: &str) -> Vec<(i64, Uuid)> {
-    let mut held = vec![];
-    loop {
-        let rows =
-            c.query(&format!("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, 1000, '{lease}')"), &[&q]).unwrap();
-        if rows.is_empty() {
-            return held;
-        }
-        held.extend(rows.iter().map(|r| (r.get(0), r.get(1))));
-    }
-}
 
 fn rearm(c: &mut Client, q: &str, max_rows: i32) -> (i64, i64) {
     let row = c.query_one("SELECT * FROM pgqueue.pgq_rearm($1, queue => $2)", &[&max_rows, &q]).unwrap();
@@ -106,9 +80,9 @@ fn four_rearmers_rearm_each_expired_claim_once_and_never_a_live_one() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
     send_many(&mut c, &q, 2000, "0");
-    let expired = claim_all(&mut c, &q, "50 ms");
+    let expired = held(&claim_all(&mut c, &q, Some("50 ms")));
     send_many(&mut c, &q, 500, "0");
-    let live = claim_all(&mut c, &q, "1 hour");
+    let live = held(&claim_all(&mut c, &q, Some("1 hour")));
     assert_eq!((expired.len(), live.len()), (2000, 500));
     std::thread::sleep(Duration::from_millis(100));
 
@@ -158,10 +132,10 @@ fn a_stale_token_is_fenced_off_after_rearm_and_reclaim() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
     c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap();
-    let old = claim_all(&mut c, &q, "20 ms")[0];
+    let old = held(&claim_all(&mut c, &q, Some("20 ms")))[0];
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(rearm(&mut c, &q, 10), (1, 0));
-    let new = claim_all(&mut c, &q, "1 hour")[0];
+    let new = held(&claim_all(&mut c, &q, Some("1 hour")))[0];
     assert_eq!(old.0, new.0);
     assert_ne!(old.1, new.1, "every claim gets a new token");
     let stale: Vec<bool> = [
@@ -184,7 +158,7 @@ fn poison_message_ends_in_dead_letter_and_redrive_brings_it_back() {
     let q = new_queue(&mut c, ", max_attempts => 3");
     let id: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{\"poison\": true}')", &[&q]).unwrap().get(0);
     for attempt in 1..=3 {
-        let held = claim_all(&mut c, &q, "20 ms");
+        let held = held(&claim_all(&mut c, &q, Some("20 ms")));
         assert_eq!(held.len(), 1, "attempt {attempt} claims it");
         std::thread::sleep(Duration::from_millis(40));
         let expected = if attempt < 3 { (1, 0) } else { (0, 1) };
@@ -192,10 +166,10 @@ fn poison_message_ends_in_dead_letter_and_redrive_brings_it_back() {
     }
     let outcome: String = c.query_one("SELECT outcome FROM pgqueue.history WHERE msg_id = $1", &[&id]).unwrap().get(0);
     assert_eq!(outcome, "dead");
-    assert!(claim_all(&mut c, &q, "1 s").is_empty());
+    assert!(held(&claim_all(&mut c, &q, Some("1 s"))).is_empty());
     let n: i64 = c.query_one("SELECT pgqueue.pgq_redrive($1)", &[&q]).unwrap().get(0);
     assert_eq!(n, 1);
-    let back = claim_all(&mut c, &q, "1 hour");
+    let back = held(&claim_all(&mut c, &q, Some("1 hour")));
     assert_eq!(back.len(), 1);
     assert_eq!(back[0].0, id);
 }

@@ -1,8 +1,9 @@
 //! Pruning a named queue, with the background worker switched off so that what happens is
 //! what these calls did.
 
-use crate::common::{prune, queue_with_old_history, sqlstate};
+use crate::common::{ack, claim, claim_one, prune, queue_with_old_history, send, sqlstate};
 use crate::connect;
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -10,12 +11,9 @@ fn prune_drops_partitions_past_retention() {
     let mut c = connect();
     let (q, part) = queue_with_old_history(&mut c, 1000);
     // Today's history stays: it is within the retention.
-    c.execute("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap();
-    let (id, token): (i64, uuid::Uuid) = {
-        let r = c.query_one("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1)", &[&q]).unwrap();
-        (r.get(0), r.get(1))
-    };
-    c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap();
+    send(&mut c, &q, json!({}));
+    let m = claim_one(&mut c, &q, None);
+    ack(&mut c, &m);
 
     assert_eq!(prune(&mut c, &q), vec![(part.clone(), "pruned".to_string(), 1000)]);
     let pages: i64 = c.query_one("SELECT pg_relation_size(format('pgqueue.%I', $1::text))", &[&part]).unwrap().get(0);
@@ -41,18 +39,10 @@ fn pruning_neither_waits_for_acks_nor_holds_them_up() {
     let mut c = connect();
     let (q, part) = queue_with_old_history(&mut c, 100);
     c.execute("SELECT pgqueue.pgq_send_batch($1, ARRAY['{}', '{}']::jsonb[])", &[&q]).unwrap();
-    let held: Vec<(i64, uuid::Uuid)> = c
-        .query("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, 2)", &[&q])
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let held = claim(&mut c, &q, 2, None);
     let mut acker = connect();
-    let ack = |acker: &mut crate::common::Client, (id, token): (i64, uuid::Uuid)| {
-        acker.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get::<_, bool>(0)
-    };
     acker.batch_execute("BEGIN").unwrap();
-    assert!(ack(&mut acker, held[0]));
+    assert!(ack(&mut acker, &held[0]));
     c.batch_execute("SET pgqueue.prune_lock_timeout = '5s'").unwrap();
     let start = Instant::now();
     assert_eq!(prune(&mut c, &q), vec![(part.clone(), "pruned".to_string(), 100)], "truncated under an open ack");
@@ -60,7 +50,7 @@ fn pruning_neither_waits_for_acks_nor_holds_them_up() {
     assert!(start.elapsed() < Duration::from_secs(4), "pruning waited for the open ack: {:?}", start.elapsed());
     assert!(regclass(&mut c, &part).is_some(), "the emptied partition waits until the history is free");
     // The open ack was not made to wait either: a second ack in its transaction goes through.
-    assert!(ack(&mut acker, held[1]));
+    assert!(ack(&mut acker, &held[1]));
     acker.batch_execute("COMMIT").unwrap();
     assert_eq!(prune(&mut c, &q), vec![(format!("history_{q}"), "noop".to_string(), 0)]);
     assert_eq!(regclass(&mut c, &part), None, "dropped once nothing held the history");

@@ -5,10 +5,10 @@
 //! survives `pg_terminate_backend` of its connections and a server restart without losing or
 //! doubling a message.
 
-mod common;
+use crate::common;
 
 use common::server::Server;
-use common::{Client, wait_for};
+use common::{Client, Finished, count, history, wait_for};
 use pgqueue_client::{
     Error, HandlerError, Message, SendOptions, Worker, WorkerConfig, send, send_batch, tokio_postgres,
 };
@@ -93,28 +93,12 @@ fn stop(
     })
 }
 
-fn count(c: &mut Client, sql: &str, q: &str) -> i64 {
-    c.query_one(sql, &[&q]).unwrap().get(0)
-}
-
 fn completed(c: &mut Client, q: &str) -> i64 {
     count(c, "SELECT count(*) FROM pgqueue.history WHERE queue = $1 AND outcome = 'completed'", q)
 }
 
 fn until_completed(c: &mut Client, q: &str, n: i64) {
     wait_for(&format!("{n} messages of {q} completed"), LIMIT, || (completed(c, q) >= n).then_some(()));
-}
-
-/// Each finished message once in the history: (msg_id, outcome, attempt, last_error).
-fn history(c: &mut Client, q: &str) -> HashMap<i64, (String, i32, Option<String>)> {
-    let rows =
-        c.query("SELECT msg_id, outcome, attempt, last_error FROM pgqueue.history WHERE queue = $1", &[&q]).unwrap();
-    let mut all = HashMap::new();
-    for r in rows {
-        let id: i64 = r.get(0);
-        assert!(all.insert(id, (r.get(1), r.get(2), r.get(3))).is_none(), "message {id} finished twice");
-    }
-    all
 }
 
 fn waiting_claims(c: &mut Client, q: &str) -> i64 {
@@ -125,6 +109,7 @@ fn waiting_claims(c: &mut Client, q: &str) -> i64 {
 
 #[test]
 fn sends_belong_to_the_callers_transaction() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -199,6 +184,7 @@ fn sends_belong_to_the_callers_transaction() {
 
 #[test]
 fn a_worker_handles_every_message_exactly_once() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -223,8 +209,8 @@ fn a_worker_handles_every_message_exactly_once() {
     let history = history(&mut c, "many");
     assert_eq!(history.len(), 2000);
     for id in &ids {
-        assert_eq!(history[id].0, "completed");
-        assert_eq!(history[id].1, 1, "message {id} was claimed more than once");
+        assert_eq!(history[id].outcome, "completed");
+        assert_eq!(history[id].attempt, 1, "message {id} was claimed more than once");
         assert_eq!(calls.of(*id), 1, "message {id} was handled {} times", calls.of(*id));
     }
     assert_eq!(calls.total(), 2000);
@@ -237,6 +223,7 @@ fn io_work() -> std::io::Result<()> {
 
 #[test]
 fn handler_errors_nack_with_their_text_or_dead_letter() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -278,17 +265,18 @@ fn handler_errors_nack_with_their_text_or_dead_letter() {
     stop(&rt, worker).unwrap();
 
     let history = history(&mut c, "errors");
-    assert_eq!(history[&io], ("dead".into(), 3, Some("disk on fire".into())));
-    assert_eq!(history[&bad], ("dead".into(), 1, Some("bad address".into())));
-    assert_eq!(history[&panic_once].0, "completed");
-    assert_eq!(history[&panic_once].1, 2);
-    let panic_text = history[&panic_once].2.clone().unwrap_or_default();
+    assert_eq!(history[&io].result(), ("dead", 3, Some("disk on fire")));
+    assert_eq!(history[&bad].result(), ("dead", 1, Some("bad address")));
+    assert_eq!(history[&panic_once].outcome, "completed");
+    assert_eq!(history[&panic_once].attempt, 2);
+    let panic_text = history[&panic_once].last_error.clone().unwrap_or_default();
     assert!(panic_text.contains("first time unlucky"), "{panic_text}");
     assert_eq!((calls.of(io), calls.of(later), calls.of(bad), calls.of(panic_once)), (3, 1, 1, 2));
 }
 
 #[test]
 fn renewals_keep_a_long_job_past_its_lease() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -316,7 +304,7 @@ fn renewals_keep_a_long_job_past_its_lease() {
     stop(&rt, worker).unwrap();
 
     let history = history(&mut c, "long");
-    assert_eq!(history[&id], ("completed".into(), 1, None), "claimed once, never re-armed");
+    assert_eq!(history[&id].result(), ("completed", 1, None), "claimed once, never re-armed");
     assert_eq!(calls.of(id), 1);
     let rearmed: i64 = c.query_one("SELECT rearmed FROM pgqueue.worker_stats", &[]).unwrap().get(0);
     assert_eq!(rearmed, 0);
@@ -324,6 +312,7 @@ fn renewals_keep_a_long_job_past_its_lease() {
 
 #[test]
 fn a_stopping_worker_finishes_or_gives_back_what_it_holds() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -367,7 +356,7 @@ fn a_stopping_worker_finishes_or_gives_back_what_it_holds() {
     let history = history(&mut c, "stop");
     assert_eq!(history.len(), 2);
     for id in &ids[..2] {
-        assert_eq!(history[id].0, "completed");
+        assert_eq!(history[id].outcome, "completed");
     }
     for id in &ids[2..] {
         let r =
@@ -380,6 +369,7 @@ fn a_stopping_worker_finishes_or_gives_back_what_it_holds() {
 
 #[test]
 fn a_worker_reconnects_after_terminated_sessions_and_a_restart() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let mut c = server.connect("postgres");
@@ -445,7 +435,7 @@ fn a_worker_reconnects_after_terminated_sessions_and_a_restart() {
     // (its attempt says so), never twice within one claim.
     let history = history(&mut c, "chaos");
     assert_eq!(history.len(), 800);
-    for (id, (outcome, attempt, _)) in &history {
+    for (id, Finished { outcome, attempt, .. }) in &history {
         assert_eq!(outcome, "completed");
         let ran = calls.of(*id);
         assert!(ran >= 1 && ran <= *attempt as u32, "message {id} handled {ran} times in {attempt} claims");
@@ -455,6 +445,7 @@ fn a_worker_reconnects_after_terminated_sessions_and_a_restart() {
 
 #[test]
 fn an_unknown_queue_or_a_bad_setting_is_an_error() {
+    let _turn = common::file_turn(file!());
     let server = server();
     let rt = runtime();
     let config = WorkerConfig::new(server.dsn("postgres"), "no_such_queue");

@@ -6,10 +6,10 @@
 //! The toolchains come from `scripts/setup.sh` (Node and npm, the Node example's
 //! node_modules in the cache, Debian's Go and lib/pq); a missing one fails the test.
 
-mod common;
+use crate::common;
 
 use common::server::Server;
-use common::{Client, wait_for};
+use common::{Client, count, wait_for};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -44,10 +44,6 @@ fn run_ok(what: &str, command: &mut Command) -> Output {
 fn require(program: &str, version_arg: &str) {
     let found = Command::new(program).arg(version_arg).output().is_ok_and(|o| o.status.success());
     assert!(found, "`{program}` not found or not working: run scripts/setup.sh (it installs it)");
-}
-
-fn count(c: &mut Client, sql: &str, q: &str) -> i64 {
-    c.query_one(sql, &[&q]).unwrap().get(0)
 }
 
 fn waiting_claims(c: &mut Client, q: &str) -> i64 {
@@ -152,6 +148,7 @@ fn producer_and_worker(example: &Example) {
 
 #[test]
 fn node_producer_and_worker() {
+    let _turn = common::file_turn(file!());
     require("node", "--version");
     let node_modules = cache().join("node-example/node_modules");
     assert!(
@@ -179,6 +176,7 @@ fn node_producer_and_worker() {
 
 #[test]
 fn go_producer_and_worker() {
+    let _turn = common::file_turn(file!());
     require("go", "version");
     let pq = Path::new("/usr/share/gocode/src/github.com/lib/pq");
     assert!(pq.join("go.mod").exists(), "lib/pq is missing from {}: run scripts/setup.sh", pq.display());

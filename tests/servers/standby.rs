@@ -3,7 +3,7 @@
 //! its worker starts within the launcher's naptime and re-arms the claims that expired before
 //! the failover; nothing is lost.
 
-mod common;
+use crate::common;
 
 use common::server::{Server, bindir, this_major};
 use common::{Client, connect, wait_for};
@@ -26,6 +26,7 @@ fn ids(c: &mut Client, sql: &str) -> BTreeSet<i64> {
 
 #[test]
 fn a_standby_runs_nothing_until_promoted_then_takes_over_the_queues() {
+    let _turn = common::file_turn(file!());
     let _installed = connect();
     let conf = [
         "shared_preload_libraries = 'pgqueue'",

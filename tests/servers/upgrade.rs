@@ -2,7 +2,7 @@
 //! a fresh install and keeps every row; pg_upgrade from PostgreSQL 17 to 18 keeps the queues
 //! and the worker runs after it.
 
-mod common;
+use crate::common;
 
 use common::server::{bindir, this_major};
 use common::{Client, connect, connect_to, connect_to_with_notices, wait_for, workers_only_in};
@@ -102,51 +102,61 @@ fn schema(c: &mut Client, db: &str) -> String {
 
 #[test]
 fn alter_extension_update_from_0_1_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
     update_from("0.1.0");
 }
 
 #[test]
 fn alter_extension_update_from_0_2_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
     update_from("0.2.0");
 }
 
 #[test]
 fn alter_extension_update_from_0_3_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
     update_from("0.3.0");
 }
 
 #[test]
 fn alter_extension_update_from_0_4_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
     update_from("0.4.0");
 }
 
 #[test]
 fn alter_extension_update_from_0_5_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
     update_from("0.5.0");
 }
 
 #[test]
 fn alter_extension_update_from_0_6_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
     update_from("0.6.0");
 }
 
 #[test]
 fn alter_extension_update_from_0_7_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
     update_from("0.7.0");
 }
 
 #[test]
 fn alter_extension_update_from_0_8_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
     update_from("0.8.0");
 }
 
 #[test]
 fn alter_extension_update_from_0_9_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
     update_from("0.9.0");
 }
 
 #[test]
 fn alter_extension_update_from_0_10_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
     update_from("0.10.0");
 }
 
@@ -157,6 +167,7 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// rules, from where it stood (a due one stays due), and names the moved ones in a WARNING.
 #[test]
 fn the_update_from_0_9_0_moves_next_runs_to_debian_crons_times() {
+    let _turn = common::file_turn(file!());
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut c = connect();
     let test_db: String = c.query_one("SELECT current_database()::text", &[]).unwrap().get(0);
@@ -334,6 +345,7 @@ fn update_from(previous: &str) {
 #[cfg(feature = "pg18")]
 #[test]
 fn pg_upgrade_from_17_to_18_keeps_the_queues_and_the_worker_runs_after() {
+    let _turn = common::file_turn(file!());
     use common::server::Server;
     let _installed = connect(); // this build, in 18
     let pg17 = bindir(17);
@@ -414,6 +426,7 @@ fn pg_upgrade_from_17_to_18_keeps_the_queues_and_the_worker_runs_after() {
 /// new sessions carry on.
 #[test]
 fn installing_a_build_into_a_running_server_does_not_disturb_it() {
+    let _turn = common::file_turn(file!());
     use std::os::unix::fs::MetadataExt;
     let mut c = connect();
     let libdir: String = c.query_one("SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'", &[]).unwrap().get(0);

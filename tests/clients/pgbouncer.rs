@@ -8,10 +8,10 @@
 //! twice while a lease is live, and a claim re-armed under a consumer that still works is
 //! fenced (its ack changes nothing) rather than completed twice.
 
-mod common;
+use crate::common;
 
 use common::server::Server;
-use common::{Client, wait_for};
+use common::{Claimed, Client, wait_for};
 use pgqueue_client::{Message, SendOptions, Worker, WorkerConfig, tokio_postgres};
 use postgres::Row;
 use postgres::types::{ToSql, Type};
@@ -170,28 +170,31 @@ fn code(e: postgres::Error) -> String {
     e.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no SQLSTATE: {e}"))
 }
 
-fn send(c: &mut Client, queue: &str, payload: Value) -> i64 {
+// send, claim and ack as the kit's, but each as one unnamed statement with explicit types
+// (`q`, `q1`): PgBouncer's transaction pooling cannot keep the kit's named prepared statements.
+
+fn send_through_pgbouncer(c: &mut Client, queue: &str, payload: Value) -> i64 {
     q1(c, "SELECT pgqueue.pgq_send($1, $2)", &[(&queue, Type::TEXT), (&payload, Type::JSONB)]).get(0)
 }
 
-/// (msg_id, claim_token, attempt) of each claimed row.
-fn claim(c: &mut Client, queue: &str, qty: i32, lease: &str) -> Vec<(i64, Uuid, i32)> {
+fn claim_through_pgbouncer(c: &mut Client, queue: &str, qty: i32, lease: &str) -> Vec<Claimed> {
     q(
         c,
-        "SELECT msg_id, claim_token, attempt FROM pgqueue.pgq_claim($1, qty => $2, lease => $3::interval)",
+        "SELECT msg_id, claim_token, attempt, priority FROM pgqueue.pgq_claim($1, qty => $2, lease => $3::interval)",
         &[(&queue, Type::TEXT), (&qty, Type::INT4), (&lease, Type::TEXT)],
     )
     .iter()
-    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .map(|r| Claimed { id: r.get(0), token: r.get(1), attempt: r.get(2), priority: r.get(3) })
     .collect()
 }
 
-fn ack(c: &mut Client, id: i64, token: Uuid) -> bool {
+fn ack_through_pgbouncer(c: &mut Client, id: i64, token: Uuid) -> bool {
     q1(c, "SELECT pgqueue.pgq_ack($1, $2)", &[(&id, Type::INT8), (&token, Type::UUID)]).get(0)
 }
 
 #[test]
 fn every_api_function_works_through_pgbouncer() {
+    let _turn = common::file_turn(file!());
     let (server, bouncer) = setup();
     let mut direct = server.connect("postgres");
     let mut a = bouncer.connect();
@@ -212,8 +215,11 @@ fn every_api_function_works_through_pgbouncer() {
     assert_eq!(code(a.batch_execute("SELECT pgqueue.pgq_create_queue('jobs')").unwrap_err()), "42710");
     assert_eq!(code(b.batch_execute("SELECT pgqueue.pgq_claim('nope')").unwrap_err()), "42704");
     b.batch_execute("SELECT pgqueue.pgq_pause_queue('jobs')").unwrap();
-    let m1 = send(&mut a, "jobs", json!({"n": 1}));
-    assert!(claim(&mut b, "jobs", 10, "1 minute").is_empty(), "a paused queue's claims return nothing");
+    let m1 = send_through_pgbouncer(&mut a, "jobs", json!({"n": 1}));
+    assert!(
+        claim_through_pgbouncer(&mut b, "jobs", 10, "1 minute").is_empty(),
+        "a paused queue's claims return nothing"
+    );
     b.batch_execute("SELECT pgqueue.pgq_resume_queue('jobs')").unwrap();
     let got = q(
         &mut b,
@@ -223,8 +229,8 @@ fn every_api_function_works_through_pgbouncer() {
     assert_eq!(got.len(), 1);
     let (id, token, payload): (i64, Uuid, Value) = (got[0].get(0), got[0].get(1), got[0].get(2));
     assert_eq!((id, payload), (m1, json!({"n": 1})));
-    assert!(ack(&mut a, id, token), "acked by another client than the one that claimed");
-    assert!(!ack(&mut b, id, token), "a second ack changes nothing");
+    assert!(ack_through_pgbouncer(&mut a, id, token), "acked by another client than the one that claimed");
+    assert!(!ack_through_pgbouncer(&mut b, id, token), "a second ack changes nothing");
 
     // send with every argument, send_batch; a send rolled back is never seen, a committed one is.
     let m2: i64 = q1(
@@ -269,9 +275,9 @@ fn every_api_function_works_through_pgbouncer() {
     assert_eq!(states, want, "the rolled-back send {rolled_back} is not there");
 
     // claim, renew (single and batch), ack (batch), nack, fail, redrive.
-    let held = claim(&mut b, "jobs", 3, "1 minute");
-    assert_eq!(held.iter().map(|h| h.0).collect::<Vec<_>>(), ids, "FIFO");
-    let (ids, tokens): (Vec<i64>, Vec<Uuid>) = held.iter().map(|h| (h.0, h.1)).unzip();
+    let held = claim_through_pgbouncer(&mut b, "jobs", 3, "1 minute");
+    assert_eq!(held.iter().map(|h| h.id).collect::<Vec<_>>(), ids, "FIFO");
+    let (ids, tokens): (Vec<i64>, Vec<Uuid>) = held.iter().map(Claimed::held).unzip();
     let renewed: bool = q1(
         &mut a,
         "SELECT pgqueue.pgq_renew($1, $2, lease => $3::interval)",
@@ -301,12 +307,12 @@ fn every_api_function_works_through_pgbouncer() {
     )
     .get(0);
     assert!(nacked);
-    let again = claim(&mut b, "jobs", 1, "1 minute");
-    assert_eq!((again[0].0, again[0].2), (ids[0], 2), "the nacked message, second attempt");
+    let again = claim_through_pgbouncer(&mut b, "jobs", 1, "1 minute");
+    assert_eq!((again[0].id, again[0].attempt), (ids[0], 2), "the nacked message, second attempt");
     let failed: bool = q1(
         &mut a,
         "SELECT pgqueue.pgq_fail($1, $2, error => $3)",
-        &[(&again[0].0, Type::INT8), (&again[0].1, Type::UUID), (&"fatal", Type::TEXT)],
+        &[(&again[0].id, Type::INT8), (&again[0].token, Type::UUID), (&"fatal", Type::TEXT)],
     )
     .get(0);
     assert!(failed);
@@ -335,15 +341,15 @@ fn every_api_function_works_through_pgbouncer() {
 
     // rearm: a claim whose lease ended is claimable again (re-armed by this call, or by the
     // worker first: either way the call succeeds and the message comes back).
-    let m3 = send(&mut a, "jobs", json!({"short": 1}));
-    assert_eq!(claim(&mut a, "jobs", 1, "1 millisecond").len(), 1);
+    let m3 = send_through_pgbouncer(&mut a, "jobs", json!({"short": 1}));
+    assert_eq!(claim_through_pgbouncer(&mut a, "jobs", 1, "1 millisecond").len(), 1);
     thread::sleep(Duration::from_millis(20));
     let row = q1(&mut b, "SELECT * FROM pgqueue.pgq_rearm(queue => $1)", &[(&"jobs", Type::TEXT)]);
     let (rearmed, dead): (i64, i64) = (row.get(0), row.get(1));
     assert!(rearmed <= 1 && dead == 0, "{rearmed} {dead}");
-    let back = claim(&mut b, "jobs", 1, "1 minute");
-    assert_eq!((back[0].0, back[0].2), (m3, 2), "re-armed, second attempt");
-    assert!(ack(&mut a, back[0].0, back[0].1));
+    let back = claim_through_pgbouncer(&mut b, "jobs", 1, "1 minute");
+    assert_eq!((back[0].id, back[0].attempt), (m3, 2), "re-armed, second attempt");
+    assert!(ack_through_pgbouncer(&mut a, back[0].id, back[0].token));
 
     // prune, tick, schedules, cron_next.
     let outcomes: Vec<String> = q(&mut a, "SELECT outcome FROM pgqueue.pgq_prune($1)", &[(&"jobs", Type::TEXT)])
@@ -396,14 +402,14 @@ fn every_api_function_works_through_pgbouncer() {
             .get(0);
         (n == 1).then_some(())
     });
-    let woken = send(&mut b, "other", json!({"wake": 1}));
+    let woken = send_through_pgbouncer(&mut b, "other", json!({"wake": 1}));
     assert_eq!(waiter.join().unwrap(), vec![woken]);
 
     // drop_queue: refused while a message is claimed, then forced.
-    let held = claim(&mut a, "other", 1, "1 minute");
+    let held = claim_through_pgbouncer(&mut a, "other", 1, "1 minute");
     assert_eq!(held.len(), 0, "only the delayed message is left");
-    send(&mut a, "doomed", json!({}));
-    assert_eq!(claim(&mut a, "doomed", 1, "1 minute").len(), 1);
+    send_through_pgbouncer(&mut a, "doomed", json!({}));
+    assert_eq!(claim_through_pgbouncer(&mut a, "doomed", 1, "1 minute").len(), 1);
     assert_eq!(code(b.batch_execute("SELECT pgqueue.pgq_drop_queue('doomed')").unwrap_err()), "55006");
     b.batch_execute("SELECT pgqueue.pgq_drop_queue('doomed', force => true)").unwrap();
     let left: i64 = direct.query_one("SELECT count(*) FROM pgqueue.queues WHERE queue = 'doomed'", &[]).unwrap().get(0);
@@ -418,6 +424,7 @@ fn every_api_function_works_through_pgbouncer() {
 /// prepared on one server connection is missing on the next one a client gets.
 #[test]
 fn named_prepared_statements_do_not_survive_transaction_pooling() {
+    let _turn = common::file_turn(file!());
     let (_server, bouncer) = setup();
     let mut a = bouncer.connect();
     let mut b = bouncer.connect();
@@ -443,6 +450,7 @@ fn named_prepared_statements_do_not_survive_transaction_pooling() {
 /// `binary_parameters=yes`, which sends a statement and its values in one round trip).
 #[test]
 fn a_statement_name_can_run_another_clients_statement() {
+    let _turn = common::file_turn(file!());
     let (server, bouncer) = setup();
     let mut direct = server.connect("postgres");
     direct.batch_execute("SELECT pgqueue.pgq_create_queue('jobs'); SELECT pgqueue.pgq_send('jobs', '{}')").unwrap();
@@ -472,6 +480,7 @@ fn a_statement_name_can_run_another_clients_statement() {
 /// nothing and say so): the message is completed once.
 #[test]
 fn session_bound_claims_through_pgbouncer_are_harmless() {
+    let _turn = common::file_turn(file!());
     let (server, bouncer) = setup();
     let mut direct = server.connect("postgres");
     let mut producer = bouncer.connect();
@@ -491,7 +500,7 @@ fn session_bound_claims_through_pgbouncer_are_harmless() {
     };
 
     // The consumer disconnects; the backend it claimed through lives on in the pool.
-    let m1 = send(&mut producer, "sb", json!({"n": 1}));
+    let m1 = send_through_pgbouncer(&mut producer, "sb", json!({"n": 1}));
     let mut a = bouncer.connect();
     let (id, _, lease_end, backend) = session_claim(&mut a, "5 s");
     assert_eq!(id, m1);
@@ -509,7 +518,7 @@ fn session_bound_claims_through_pgbouncer_are_harmless() {
     drop(b);
 
     // PgBouncer closes the server connections while the consumer still works on its claim.
-    let m2 = send(&mut producer, "sb", json!({"n": 2}));
+    let m2 = send_through_pgbouncer(&mut producer, "sb", json!({"n": 2}));
     let mut c = bouncer.connect();
     let (id, c_token, _, backend) = session_claim(&mut c, "10 minutes");
     assert_eq!(id, m2);
@@ -517,8 +526,10 @@ fn session_bound_claims_through_pgbouncer_are_harmless() {
     wait_for("PgBouncer to close the backend", LIMIT, || (!alive(&mut direct, backend)).then_some(()));
     // The worker sees the backend gone and re-arms the claim: another consumer gets it.
     let mut d = bouncer.connect();
-    let (d_id, d_token, d_attempt) =
-        wait_for("the orphaned claim to be re-armed", LIMIT, || claim(&mut d, "sb", 1, "1 minute").pop());
+    let Claimed { id: d_id, token: d_token, attempt: d_attempt, .. } =
+        wait_for("the orphaned claim to be re-armed", LIMIT, || {
+            claim_through_pgbouncer(&mut d, "sb", 1, "1 minute").pop()
+        });
     assert_eq!((d_id, d_attempt), (m2, 2));
     // The first consumer's connection still works, and its claim is fenced.
     let renewed: bool =
@@ -531,8 +542,8 @@ fn session_bound_claims_through_pgbouncer_are_harmless() {
     );
     let rows: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(rows, vec![("not_acked".to_string(), m2)], "its ack completed nothing");
-    assert!(!ack(&mut c, m2, c_token));
-    assert!(ack(&mut d, m2, d_token), "the second consumer completes it");
+    assert!(!ack_through_pgbouncer(&mut c, m2, c_token));
+    assert!(ack_through_pgbouncer(&mut d, m2, d_token), "the second consumer completes it");
     let history: Vec<(i64, String)> = direct
         .query("SELECT msg_id, outcome::text FROM pgqueue.history ORDER BY msg_id", &[])
         .unwrap()
@@ -607,6 +618,7 @@ print(json.dumps({"runs": sum(runs.values()), "distinct": len(runs),
 
 #[test]
 fn python_producers_and_workers_through_pgbouncer() {
+    let _turn = common::file_turn(file!());
     let (server, bouncer) = setup();
     let mut direct = server.connect("postgres");
     direct.batch_execute("SELECT pgqueue.pgq_create_queue('py')").unwrap();
@@ -695,6 +707,7 @@ async fn produce_rust(dsn: String, queue: &str, p: i64, n: i64) -> pgqueue_clien
 /// that another server connection lacks or knows as another client's statement.
 #[test]
 fn rust_client_producers_and_workers_through_pgbouncer() {
+    let _turn = common::file_turn(file!());
     let (server, bouncer) = setup();
     let mut direct = server.connect("postgres");
     direct.batch_execute("SELECT pgqueue.pgq_create_queue('rs')").unwrap();

@@ -5,10 +5,10 @@
 //! values under their Prometheus names and types, without a query error (in its metrics and
 //! in its log). The Grafana dashboard and the alert rules may only use metrics it served.
 
-mod common;
+use crate::common;
 
 use common::server::Server;
-use common::{Client, wait_for};
+use common::{Client, claim, claim_one, send_many, wait_for};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -133,30 +133,10 @@ fn f64_of(c: &mut Client, sql: &str) -> f64 {
     c.query_one(sql, &[]).unwrap().get(0)
 }
 
-/// Claims `qty` of `q` with `lease`; returns (msg_id, claim_token).
-fn claim(c: &mut Client, q: &str, qty: i32, lease: &str) -> Vec<(i64, uuid::Uuid)> {
-    let rows = c
-        .query(
-            "SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, qty => $2, lease => $3::text::interval)",
-            &[&q, &qty, &lease],
-        )
-        .unwrap();
-    assert_eq!(rows.len(), qty as usize, "claimed {qty} of {q}");
-    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
-}
-
-fn send(c: &mut Client, q: &str, n: i32, delay: &str) {
-    c.execute(
-        "SELECT pgqueue.pgq_send($1, jsonb_build_object('i', g), delay => $3::text::interval)
-           FROM generate_series(1, $2) g",
-        &[&q, &n, &delay],
-    )
-    .unwrap();
-}
-
 /// Expired claims: `pgq_claim` with a 1 ms lease, then waits until it has ended.
 fn expired_claims(c: &mut Client, q: &str, qty: i32) {
-    claim(c, q, qty, "1 millisecond");
+    let got = claim(c, q, qty, Some("1 millisecond"));
+    assert_eq!(got.len(), qty as usize, "claimed {qty} of {q}");
     wait_for("the leases to end", LIMIT, || {
         let n: i64 = c
             .query_one("SELECT count(*) FROM pgqueue.messages WHERE queue = $1 AND lease_expires_at <= now()", &[&q])
@@ -167,13 +147,14 @@ fn expired_claims(c: &mut Client, q: &str, qty: i32) {
 }
 
 fn fail(c: &mut Client, q: &str) {
-    let (id, token) = claim(c, q, 1, "1 hour")[0];
+    let (id, token) = claim_one(c, q, Some("1 hour")).held();
     let done: bool = c.query_one("SELECT pgqueue.pgq_fail($1, $2)", &[&id, &token]).unwrap().get(0);
     assert!(done);
 }
 
 #[test]
 fn exporter_serves_the_queries_of_monitoring() {
+    let _turn = common::file_turn(file!());
     // The worker off: the claims stay expired and the counters move only by our pgq_tick().
     let server = Server::with_pgqueue(&["pgqueue.enabled = off"]);
     let mut c = server.connect("postgres");
@@ -187,22 +168,22 @@ fn exporter_serves_the_queries_of_monitoring() {
     assert_eq!(ticks, 0, "the worker is off");
 
     // Counters: one tick re-arms a's 2 expired claims and dead-letters b's (1 attempt).
-    send(&mut c, "a", 2, "0");
+    send_many(&mut c, "a", 2, "0");
     expired_claims(&mut c, "a", 2);
-    send(&mut c, "b", 1, "0");
+    send_many(&mut c, "b", 1, "0");
     expired_claims(&mut c, "b", 1);
     let failed: i64 = c.query_one("SELECT count(*) FROM pgqueue.pgq_tick()", &[]).unwrap().get(0);
     assert_eq!(failed, 0, "no step of the tick failed");
 
     // a: ready 3, delayed 2, claimed 3 (2 expired), dead 1.
-    send(&mut c, "a", 4, "0");
-    claim(&mut c, "a", 1, "1 hour");
+    send_many(&mut c, "a", 4, "0");
+    claim_one(&mut c, "a", Some("1 hour"));
     expired_claims(&mut c, "a", 2);
     fail(&mut c, "a");
-    send(&mut c, "a", 1, "0");
-    send(&mut c, "a", 2, "1 hour");
+    send_many(&mut c, "a", 1, "0");
+    send_many(&mut c, "a", 2, "1 hour");
     // b: ready 1, delayed 0, claimed 1 (expired), dead 2.
-    send(&mut c, "b", 3, "0");
+    send_many(&mut c, "b", 3, "0");
     expired_claims(&mut c, "b", 1);
     fail(&mut c, "b");
     // c: empty, with a claim waiting on it.
@@ -372,6 +353,7 @@ fn exporter_serves_the_queries_of_monitoring() {
 /// record: its metrics are served all the same, with `pgqueue_tracked` 0.
 #[test]
 fn an_untracked_queue_keeps_its_metrics() {
+    let _turn = common::file_turn(file!());
     drop(common::connect()); // installs the extension into the trees
     let server = Server::init(&common::server::bindir(common::server::this_major()), &[]);
     server.start();
@@ -382,7 +364,7 @@ fn an_untracked_queue_keeps_its_metrics() {
          CREATE ROLE pgqueue_exporter LOGIN IN ROLE pg_monitor;",
     )
     .unwrap();
-    send(&mut c, "u", 3, "0");
+    send_many(&mut c, "u", 3, "0");
     expired_claims(&mut c, "u", 1);
     let tracked: bool = c.query_one("SELECT tracked FROM pgqueue.queue_depth WHERE queue = 'u'", &[]).unwrap().get(0);
     assert!(!tracked, "no shared memory without preloading");
@@ -400,6 +382,7 @@ fn an_untracked_queue_keeps_its_metrics() {
 
 #[test]
 fn promtool_checks_the_rules_and_the_dashboard() {
+    let _turn = common::file_turn(file!());
     let dir = repo().join("monitoring");
     promtool(&["check", "rules", "alerts.yml"], &dir);
     promtool(&["test", "rules", "alerts.test.yml"], &dir);

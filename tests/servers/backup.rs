@@ -8,10 +8,10 @@
 //! The restored schema and data are compared with the source's own dumps, so an object that
 //! pgqueue starts creating one day and that does not survive a round trip fails here.
 
-mod common;
+use crate::common;
 
 use common::server::{bindir, this_major};
-use common::{Client, connect, connect_to, wait_for, workers_only_in};
+use common::{Client, ack_by, claim_one, connect, connect_to, message, wait_for, workers_only_in};
 use std::process::Command;
 use std::time::Duration;
 use uuid::Uuid;
@@ -74,8 +74,10 @@ struct Source {
     _consumer: Client,
 }
 
-fn claim(c: &mut Client, q: &str, extra: &str) -> (i64, Uuid) {
-    let r = c.query_one(&format!("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1{extra})"), &[&q]).unwrap();
+/// A session-bound claim (`session_bound => true`, which the kit's `claim` does not take):
+/// it comes back when `c`'s backend ends.
+fn claim_session_bound(c: &mut Client, q: &str) -> (i64, Uuid) {
+    let r = c.query_one("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, session_bound => true)", &[&q]).unwrap();
     (r.get(0), r.get(1))
 }
 
@@ -110,9 +112,9 @@ fn fill(c: &mut Client) -> Source {
     ))
     .unwrap();
     // Completed and dead messages today; a dead letter and completed ones two days ago.
-    let done = claim(&mut s, "jobs", "");
-    s.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&done.0, &done.1]).unwrap();
-    let dead = claim(&mut s, "jobs", "");
+    let done = claim_one(&mut s, "jobs", None).held();
+    ack_by(&mut s, done.0, done.1);
+    let dead = claim_one(&mut s, "jobs", None).held();
     s.execute("SELECT pgqueue.pgq_fail($1, $2, error => 'bad input')", &[&dead.0, &dead.1]).unwrap();
     s.batch_execute(
         "SELECT pgqueue._ensure_history_day('jobs', current_date - 2);
@@ -122,10 +124,10 @@ fn fill(c: &mut Client) -> Source {
            FROM generate_series(1, 5) g",
     )
     .unwrap();
-    let long = claim(&mut s, "jobs", "");
-    let short = claim(&mut s, "jobs", ", lease => '3 s'");
+    let long = claim_one(&mut s, "jobs", None).held();
+    let short = claim_one(&mut s, "jobs", Some("3 s")).held();
     let mut consumer = connect_to(&db);
-    let bound = claim(&mut consumer, "jobs", ", session_bound => true");
+    let bound = claim_session_bound(&mut consumer, "jobs");
     let keys = fill_schedules_and_keys(&mut s);
     let last_id: i64 = s.query_one("SELECT last_value FROM pgqueue.messages_msg_id_seq", &[]).unwrap().get(0);
     let (schedules, dedup_keys) = (rows(&mut s, "schedules", "name"), rows(&mut s, "dedup_keys", "queue, dedup_key"));
@@ -157,10 +159,10 @@ fn fill_schedules_and_keys(s: &mut Client) -> Vec<(&'static str, i64)> {
     let claimed = send("claimed", "");
     let waiting = send("waiting", "");
     let delayed = send("delayed", ", delay => '1 hour'");
-    let done = claim(s, "keyed", "");
+    let done = claim_one(s, "keyed", None).held();
     assert_eq!(done.0, kept);
-    s.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&done.0, &done.1]).unwrap();
-    assert_eq!(claim(s, "keyed", ", lease => '1 hour'").0, claimed);
+    ack_by(s, done.0, done.1);
+    assert_eq!(claim_one(s, "keyed", Some("1 hour")).id, claimed);
     vec![("kept", kept), ("claimed", claimed), ("waiting", waiting), ("delayed", delayed)]
 }
 
@@ -173,14 +175,9 @@ fn rows(c: &mut Client, table: &str, order: &str) -> Vec<String> {
         .collect()
 }
 
-fn state_of(c: &mut Client, id: i64) -> Option<(String, i32)> {
-    c.query_opt("SELECT state, attempt FROM pgqueue.messages WHERE msg_id = $1", &[&id])
-        .unwrap()
-        .map(|r| (r.get(0), r.get(1)))
-}
-
 #[test]
 fn dumps_restore_into_a_new_database_with_everything_pgqueue_made() {
+    let _turn = common::file_turn(file!());
     let mut c = connect();
     let test_db: String = c.query_one("SELECT current_database()::text", &[]).unwrap().get(0);
     // Phase 1, with no worker in the source or the copies: each restored copy must equal the
@@ -264,12 +261,12 @@ fn check_restored(src: &Source, db: &str) {
     // database), the short lease when it ends (its attempt counted), the long one stays and
     // its consumer can still finish it.
     wait_for("the session-bound claim back", LIMIT, || {
-        (state_of(&mut r, src.bound.0) == Some(("ready".into(), 1))).then_some(())
+        (message(&mut r, src.bound.0).map(|m| (m.state, m.attempt)) == Some(("ready".into(), 1))).then_some(())
     });
     wait_for("the short lease's claim back after its lease", LIMIT, || {
-        (state_of(&mut r, src.short.0) == Some(("ready".into(), 1))).then_some(())
+        (message(&mut r, src.short.0).map(|m| (m.state, m.attempt)) == Some(("ready".into(), 1))).then_some(())
     });
-    assert_eq!(state_of(&mut r, src.long.0), Some(("claimed".into(), 1)), "{db}");
+    assert_eq!(message(&mut r, src.long.0).map(|m| (m.state, m.attempt)), Some(("claimed".into(), 1)), "{db}");
     let acked: bool =
         r.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&src.long.0, &src.long.1]).unwrap().get(0);
     assert!(acked, "{db}: the long claim's token still acks it");

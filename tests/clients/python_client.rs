@@ -3,7 +3,7 @@
 //! test (8 worker processes, 20,000 jobs, terminated connections and a server restart).
 //! The virtual environment with psycopg and pytest is made by scripts/setup.sh.
 
-mod common;
+use crate::common;
 
 use common::server::Server;
 use std::path::PathBuf;
@@ -21,6 +21,7 @@ fn passed(output: &str) -> usize {
 
 #[test]
 fn python_client_tests_pass() {
+    let _turn = common::file_turn(file!());
     let server = Server::with_pgqueue(&["pgqueue.tick_interval = '200ms'"]);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let venv = std::env::var("PGQUEUE_VENV").unwrap_or_else(|_| "/var/cache/pgqueue/venv".into());

@@ -1,12 +1,13 @@
 //! Every benchmark scenario at tiny sizes, against the test cluster: the bench tool keeps
 //! compiling and working. Nothing here asserts a time.
 
-mod common;
+use crate::common;
 
 use pgqueue_bench::{Bench, Sizes};
 
 #[test]
 fn every_scenario_runs_at_tiny_sizes() {
+    let _turn = common::file_turn(file!());
     common::connect();
     let dsn = common::dsn();
     let report = Bench::new(&dsn, Sizes::smoke(), false).run(&["all"]);

@@ -1,0 +1,191 @@
+//! The test kit: the one set of queue helpers every test file uses — create a queue, send,
+//! claim, ack, read a message's state and its history — with one typed claimed message.
+//! Each takes `&mut impl GenericClient`, so a `Client` and a `Transaction` both do. They
+//! unwrap: a statement that fails fails the test (tests of errors call the SQL themselves).
+
+use postgres::GenericClient;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use uuid::Uuid;
+
+/// One message a claim handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    pub id: i64,
+    pub token: Uuid,
+    pub attempt: i32,
+    pub priority: i16,
+}
+
+impl Claimed {
+    /// (msg_id, claim_token): what an ack takes.
+    pub fn held(&self) -> (i64, Uuid) {
+        (self.id, self.token)
+    }
+}
+
+/// The (msg_id, claim_token) pairs of `claimed`.
+pub fn held(claimed: &[Claimed]) -> Vec<(i64, Uuid)> {
+    claimed.iter().map(Claimed::held).collect()
+}
+
+/// The ids of `claimed`, in the order the claim returned them.
+pub fn ids(claimed: &[Claimed]) -> Vec<i64> {
+    claimed.iter().map(|m| m.id).collect()
+}
+
+/// A new queue no other test uses, created with `pgq_create_queue(name<args>)`; `args` is
+/// SQL for the further named arguments, e.g. `", lease => '30 s', max_attempts => 3"` (or "").
+pub fn new_queue(c: &mut impl GenericClient, args: &str) -> String {
+    let q = super::unique_queue("q");
+    create_queue(c, &q, args);
+    q
+}
+
+/// `pgq_create_queue(q<args>)` for a name the caller chose.
+pub fn create_queue(c: &mut impl GenericClient, q: &str, args: &str) {
+    c.execute(&format!("SELECT pgqueue.pgq_create_queue($1{args})"), &[&q])
+        .unwrap_or_else(|e| panic!("pgq_create_queue({q}{args}): {e}"));
+}
+
+/// `pgq_send(q, payload)`; the message's id.
+pub fn send(c: &mut impl GenericClient, q: &str, payload: Value) -> i64 {
+    c.query_one("SELECT pgqueue.pgq_send($1, $2)", &[&q, &payload]).unwrap().get(0)
+}
+
+/// `n` messages `{"i": 0…n-1}` in batches of at most 1,000 (`pgq_send_batch`, `delay` as
+/// SQL interval text, "0" for none); their ids in order.
+pub fn send_many(c: &mut impl GenericClient, q: &str, n: usize, delay: &str) -> Vec<i64> {
+    let mut ids = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let payloads: Vec<Value> = chunk.iter().map(|i| json!({ "i": i })).collect();
+        let rows = c
+            .query(
+                "SELECT * FROM pgqueue.pgq_send_batch($1, $2, delay => $3::text::interval)",
+                &[&q, &payloads, &delay],
+            )
+            .unwrap();
+        ids.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
+    }
+    ids
+}
+
+/// `pgq_claim(q, qty, lease)`: what it handed out, in its order. `lease` as SQL interval
+/// text, or None for the queue's own.
+pub fn claim(c: &mut impl GenericClient, q: &str, qty: i32, lease: Option<&str>) -> Vec<Claimed> {
+    c.query(
+        "SELECT msg_id, claim_token, attempt, priority FROM pgqueue.pgq_claim($1, $2, lease => $3::text::interval)",
+        &[&q, &qty, &lease],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| Claimed { id: r.get(0), token: r.get(1), attempt: r.get(2), priority: r.get(3) })
+    .collect()
+}
+
+/// One message claimed from `q`; fails the test if there is none.
+pub fn claim_one(c: &mut impl GenericClient, q: &str, lease: Option<&str>) -> Claimed {
+    claim(c, q, 1, lease).pop().unwrap_or_else(|| panic!("nothing to claim in {q}"))
+}
+
+/// Claims (1,000 at a time) until `q` hands out nothing more; everything claimed.
+pub fn claim_all(c: &mut impl GenericClient, q: &str, lease: Option<&str>) -> Vec<Claimed> {
+    let mut all = vec![];
+    loop {
+        let got = claim(c, q, 1000, lease);
+        if got.is_empty() {
+            return all;
+        }
+        all.extend(got);
+    }
+}
+
+/// `pgq_ack(id, token)` of a claimed message: whether it was acked.
+pub fn ack(c: &mut impl GenericClient, m: &Claimed) -> bool {
+    ack_by(c, m.id, m.token)
+}
+
+/// `pgq_ack(id, token)`: whether it was acked.
+pub fn ack_by(c: &mut impl GenericClient, id: i64, token: Uuid) -> bool {
+    c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0)
+}
+
+/// A message as `pgqueue.messages` has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub state: String,
+    pub token: Option<Uuid>,
+    pub attempt: i32,
+}
+
+/// The message `id` while it is in `pgqueue.messages` (waiting, delayed or claimed); None
+/// once it left (finished, or never there).
+pub fn message(c: &mut impl GenericClient, id: i64) -> Option<Message> {
+    c.query_opt("SELECT state, claim_token, attempt FROM pgqueue.messages WHERE msg_id = $1", &[&id])
+        .unwrap()
+        .map(|r| Message { state: r.get(0), token: r.get(1), attempt: r.get(2) })
+}
+
+/// The state of message `id` in `pgqueue.messages`, or None if it is not there.
+pub fn state(c: &mut impl GenericClient, id: i64) -> Option<String> {
+    message(c, id).map(|m| m.state)
+}
+
+/// A finished message as `pgqueue.history` has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub id: i64,
+    pub queue: String,
+    pub outcome: String,
+    pub attempt: i32,
+    pub last_error: Option<String>,
+}
+
+impl Finished {
+    /// (queue, outcome, attempt).
+    pub fn summary(&self) -> (&str, &str, i32) {
+        (&self.queue, &self.outcome, self.attempt)
+    }
+
+    /// (outcome, attempt, last_error).
+    pub fn result(&self) -> (&str, i32, Option<&str>) {
+        (&self.outcome, self.attempt, self.last_error.as_deref())
+    }
+}
+
+const FINISHED: &str = "SELECT msg_id, queue, outcome, attempt, last_error FROM pgqueue.history";
+
+fn finished(r: &postgres::Row) -> Finished {
+    Finished { id: r.get(0), queue: r.get(1), outcome: r.get(2), attempt: r.get(3), last_error: r.get(4) }
+}
+
+/// Every history row of message `id` (one, once it finished; none before).
+pub fn history_of(c: &mut impl GenericClient, id: i64) -> Vec<Finished> {
+    c.query(&format!("{FINISHED} WHERE msg_id = $1"), &[&id]).unwrap().iter().map(finished).collect()
+}
+
+/// The outcome of message `id` in the history, or None if it has not finished.
+pub fn outcome(c: &mut impl GenericClient, id: i64) -> Option<String> {
+    c.query_opt("SELECT outcome FROM pgqueue.history WHERE msg_id = $1", &[&id]).unwrap().map(|r| r.get(0))
+}
+
+/// The history of queue `q` by msg_id; fails the test if a message finished twice.
+pub fn history(c: &mut impl GenericClient, q: &str) -> HashMap<i64, Finished> {
+    let mut all = HashMap::new();
+    for r in c.query(&format!("{FINISHED} WHERE queue = $1"), &[&q]).unwrap() {
+        let f = finished(&r);
+        let id = f.id;
+        assert!(all.insert(id, f).is_none(), "message {id} finished twice");
+    }
+    all
+}
+
+/// How many history rows queue `q` has.
+pub fn history_count(c: &mut impl GenericClient, q: &str) -> i64 {
+    count(c, "SELECT count(*) FROM pgqueue.history WHERE queue = $1", q)
+}
+
+/// The bigint a one-parameter counting statement (`$1`: a queue name) returns.
+pub fn count(c: &mut impl GenericClient, sql: &str, q: &str) -> i64 {
+    c.query_one(sql, &[&q]).unwrap().get(0)
+}
