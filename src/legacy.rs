@@ -84,9 +84,7 @@ fn _ahead(queue: &str, priority: i16, msg_id: i64) -> bool {
     .unwrap_or(true)
 }
 
-/// Sleeps until `queue`'s wake-up count differs from `seen` (returns true) or until
-/// `deadline` (false). Interrupts (cancel, statement_timeout, termination) end it with the
-/// usual error; postmaster death ends the process.
+/// `wait::sleep`, which 0.3.0's to 0.7.0's `pgq_claim` called through SQL.
 #[pg_extern(volatile, parallel_unsafe)]
 fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> bool {
     wait::sleep(queue, seen, deadline)
