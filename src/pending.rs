@@ -101,12 +101,15 @@ pub fn record(mut note: Note) {
     // SAFETY: a plain read of the transaction state.
     note.level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
     NOTES.with_borrow_mut(|notes| {
-        // Many sends of one transaction to one queue make one note.
+        // Many sends of one transaction to one queue make one note. Never into a note a
+        // savepoint rolled back: ROLLBACK TO restarts the savepoint at the same level, and
+        // what is done after it is not undone.
         if let Some(last) = notes.last_mut()
             && last.key == note.key
             && last.kind == note.kind
             && last.priority == note.priority
             && last.level == note.level
+            && !last.undone
             && !last.reset
             && !note.reset
         {
@@ -195,9 +198,16 @@ unsafe extern "C-unwind" fn on_subxact(
             }
         }),
         pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => {
+            // Only what this rollback undoes (an earlier one at this level was applied then).
             let undone: Vec<Note> = NOTES.with_borrow_mut(|notes| {
-                notes.iter_mut().filter(|n| n.level >= level && !n.undone).for_each(|n| n.undone = true);
-                notes.iter().filter(|n| n.level >= level).copied().collect()
+                notes
+                    .iter_mut()
+                    .filter(|n| n.level >= level && !n.undone)
+                    .map(|n| {
+                        n.undone = true;
+                        *n
+                    })
+                    .collect()
             });
             // Claims rolled back with the savepoint are claimable right now.
             apply_rollback(&undone);

@@ -808,7 +808,7 @@ struct Stuck {
 }
 
 /// What the tables and the shared state say, for a failure message; and the ids of the
-/// messages ready or delayed.
+/// messages ready or delayed, then of those claimed with the lease ended.
 fn diagnose(c: &mut Client) -> (String, Vec<i64>) {
     let queues: Vec<&str> = QUEUES.to_vec();
     let mut s = String::from("messages (first 30):\n");
@@ -846,6 +846,19 @@ fn diagnose(c: &mut Client) -> (String, Vec<i64>) {
     c.batch_execute("ROLLBACK").unwrap();
     let locked: Vec<&i64> = ids.iter().filter(|id| !free.contains(id)).collect();
     s += &format!("ready or delayed: {ids:?}; of which locked by someone: {locked:?}\n");
+    // Claims whose lease has ended are stuck too: their stories are told as well.
+    let expired: Vec<i64> = c
+        .query(
+            "SELECT msg_id FROM pgqueue.messages
+              WHERE queue = ANY($1) AND state = 'claimed' AND lease_expires_at <= clock_timestamp() ORDER BY msg_id",
+            &[&queues],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    s += &format!("claimed with the lease ended: {expired:?}\n");
+    let ids: Vec<i64> = ids.into_iter().chain(expired).collect();
     for q in QUEUES {
         let hints: String =
             c.query_one("SELECT row_to_json(s)::text FROM pgqueue._claim_start($1) s", &[&q]).unwrap().get(0);

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{Client, connect, new_queue, state, unique_queue, wait_for};
+use common::server::Server;
+use common::{Client, connect, new_queue, send, state, unique_queue, wait_for};
+use serde_json::json;
 use std::sync::Mutex;
 use std::time::Duration;
 use uuid::Uuid;
@@ -433,4 +435,71 @@ fn sigterm_ends_the_workers_statement_under_way() {
             .unwrap()
             .map(|_| ())
     });
+}
+
+/// (ready, claimed) of `q` as the shared state counts them.
+fn depth(c: &mut Client, q: &str) -> (Option<i64>, Option<i64>) {
+    let r = c.query_one("SELECT ready, claimed FROM pgqueue.queue_depth WHERE queue = $1", &[&q]).unwrap();
+    (r.get(0), r.get(1))
+}
+
+/// ROLLBACK TO SAVEPOINT restarts the savepoint at the same nesting level: what the
+/// transaction does after it is kept, and its commit is announced like any other. The depth
+/// counts it, a waiting claim is woken, and the re-arm pass learns of the leases — without
+/// that, only the full pass at the prune cadence would re-arm them. A server of its own,
+/// with that cadence an hour away and no claim before, so no other pass comes.
+#[test]
+fn what_follows_a_rollback_to_savepoint_is_announced_at_commit() {
+    let server = Server::with_pgqueue(&[
+        "pgqueue.tick_interval = '100ms'",
+        "pgqueue.launcher_naptime = '200ms'",
+        "pgqueue.prune_interval = '1h'",
+    ]);
+    let mut c = server.connect("postgres");
+    for q in ["sp_claim", "sp_send"] {
+        c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
+    }
+    // The worker's first tick runs a full pass; after it no lease is known to end.
+    wait_for("the worker's first passes", LIMIT, || (stat(&mut c, "ticks") >= 3).then_some(()));
+
+    // A claim kept after a rolled-back one.
+    let id = send(&mut c, "sp_claim", json!({}));
+    assert_eq!(depth(&mut c, "sp_claim"), (Some(1), Some(0)));
+    c.batch_execute(
+        "BEGIN; SAVEPOINT s;
+         SELECT * FROM pgqueue.pgq_claim('sp_claim', lease => '300 ms');
+         ROLLBACK TO SAVEPOINT s",
+    )
+    .unwrap();
+    let kept: i64 =
+        c.query_one("SELECT msg_id FROM pgqueue.pgq_claim('sp_claim', lease => '300 ms')", &[]).unwrap().get(0);
+    c.batch_execute("COMMIT").unwrap();
+    assert_eq!(kept, id);
+    assert_eq!(depth(&mut c, "sp_claim"), (Some(0), Some(1)), "the kept claim is counted");
+    wait_for("the worker to re-arm the kept claim", LIMIT, || {
+        (state(&mut c, id).as_deref() == Some("ready")).then_some(())
+    });
+
+    // A send kept after a rolled-back one wakes a waiting claim at its commit (the worker
+    // off: its tick would wake a sleeper that missed a wake-up).
+    common::turn_workers_off(&mut c);
+    let mut waiter = server.connect("postgres");
+    let claiming = std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        let rows = waiter.query("SELECT msg_id FROM pgqueue.pgq_claim('sp_send', wait => '50 s')", &[]).unwrap();
+        (rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(), start.elapsed())
+    });
+    wait_for("the claim to wait", LIMIT, || {
+        let n: i64 =
+            c.query_one("SELECT waiting_claims FROM pgqueue.queue_depth WHERE queue = 'sp_send'", &[]).unwrap().get(0);
+        (n == 1).then_some(())
+    });
+    c.batch_execute("BEGIN; SAVEPOINT s; SELECT pgqueue.pgq_send('sp_send', '{}'); ROLLBACK TO SAVEPOINT s").unwrap();
+    let sent = send(&mut c, "sp_send", json!({}));
+    c.batch_execute("COMMIT").unwrap();
+    let (got, waited) = claiming.join().unwrap();
+    assert_eq!(got, vec![sent]);
+    // A claim waiting 50 s that returns within 25 was woken (a functional check).
+    assert!(waited < Duration::from_secs(25), "woken at the commit, not at its deadline ({waited:?})");
+    assert_eq!(depth(&mut c, "sp_send"), (Some(0), Some(1)));
 }
