@@ -2,7 +2,9 @@
 //! databases and starts one worker per database; a worker whose database does not have the
 //! extension exits at once, and the launcher looks again every `pgqueue.launcher_naptime`.
 //! A database worker wakes every `pgqueue.tick_interval` and runs a tick (`tick.rs`),
-//! sooner while an expired-claim backlog remains or when a schedule falls due.
+//! sooner while an expired-claim backlog remains or when a schedule falls due. One worker
+//! per database: a restarted launcher adopts the workers running (`running_workers`), and
+//! each worker holds its database's lock (`hold_database`), so that no second one ticks.
 
 use crate::bracket::{Bracket, in_transaction};
 use crate::guc;
@@ -59,7 +61,8 @@ pub extern "C-unwind" fn pgqueue_launcher_main(_arg: pg_sys::Datum) {
         crate::queue_state::forget_databases(&gone);
         seen = all.iter().map(|(oid, _)| *oid).collect();
         let wanted: Vec<(u32, String)> = all.into_iter().filter(|(_, name)| guc::database_wanted(name)).collect();
-        // Forget workers that have exited; stop those whose database is no longer wanted.
+        // Forget workers that have exited; stop those whose database is no longer wanted,
+        // ours and those a launcher before us started.
         workers.retain(|_, (worker, _)| matches!(worker.pid(), Ok(_) | Err(BackgroundWorkerStatus::NotYetStarted)));
         let unwanted: Vec<u32> = workers.keys().filter(|oid| !wanted.iter().any(|(o, _)| o == *oid)).copied().collect();
         for oid in unwanted {
@@ -67,10 +70,17 @@ pub extern "C-unwind" fn pgqueue_launcher_main(_arg: pg_sys::Datum) {
                 let _ = worker.terminate();
             }
         }
+        let running = running_workers();
+        for &(oid, pid) in &running {
+            if !workers.contains_key(&oid) && !wanted.iter().any(|(o, _)| *o == oid) {
+                // SAFETY: SIGTERM to a worker of this server; it exits at its next wait.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+        }
         probed.retain(|oid, _| wanted.iter().any(|(o, _)| o == oid)); // dropped databases
         for (oid, name) in &wanted {
             let due = probed.get(oid).is_none_or(|at| at.elapsed() >= naptime);
-            if workers.contains_key(oid) || !due {
+            if workers.contains_key(oid) || !due || running.iter().any(|(o, _)| o == oid) {
                 continue;
             }
             probed.insert(*oid, Instant::now());
@@ -106,6 +116,47 @@ fn start_database_worker(oid: u32, name: &str) -> Result<DynamicBackgroundWorker
         // SAFETY: our own pid, so that the postmaster tells us when it starts and stops.
         .set_notify_pid(unsafe { pg_sys::MyProcPid })
         .load_dynamic()
+}
+
+/// (database oid, pid) of every pgqueue worker running now, whoever started it.
+fn running_workers() -> Vec<(u32, i32)> {
+    let mut found = vec![];
+    // SAFETY: the proc array is in shared memory for the server's life; a slot read while it
+    // changes gives a pid that the worker-type lookup (under its own lock) then rejects, and
+    // a worker missed here is kept unique by its database's lock.
+    unsafe {
+        let global = pg_sys::ProcGlobal;
+        for i in 0..(*global).allProcCount as usize {
+            let proc = (*global).allProcs.add(i);
+            let (pid, db) = ((&raw const (*proc).pid).read_volatile(), (*proc).databaseId);
+            if pid == 0 || db == pg_sys::InvalidOid {
+                continue;
+            }
+            let kind = pg_sys::GetBackgroundWorkerTypeByPid(pid);
+            if !kind.is_null() && CStr::from_ptr(kind).to_bytes() == WORKER.as_bytes() {
+                found.push((db.to_u32(), pid));
+            }
+        }
+    }
+    found
+}
+
+/// Takes this database's worker lock, without waiting; false if another worker holds it.
+/// An advisory lock tag whose fourth field no SQL function sets (they use 1 and 2), so no
+/// application's advisory lock can collide with it; held until the process exits. pg_locks
+/// shows it as an advisory lock with classid 0x70677175 and objsubid 3.
+fn hold_database(db: pg_sys::Oid) -> bool {
+    let tag = pg_sys::LOCKTAG {
+        locktag_field1: db.to_u32(),
+        locktag_field2: 0x7067_7175, // "pgqu"
+        locktag_field3: 0,
+        locktag_field4: 3,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    };
+    // SAFETY: a session lock (no transaction or resource owner needed), released at exit.
+    let got = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, true, true) };
+    got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }
 
 /// (oid, name) of every database that accepts connections and is not a template, read
@@ -171,6 +222,11 @@ pub extern "C-unwind" fn pgqueue_worker_main(arg: pg_sys::Datum) {
     if !extension_installed() {
         // Nothing to look after here; the launcher looks again later.
         // SAFETY: ends the process the normal way (0: not restarted).
+        unsafe { pg_sys::proc_exit(0) };
+    }
+    if !hold_database(oid) {
+        log!("pgqueue worker: another worker runs in this database; exiting");
+        // SAFETY: as above.
         unsafe { pg_sys::proc_exit(0) };
     }
     log!("pgqueue worker started");

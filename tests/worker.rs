@@ -102,13 +102,38 @@ fn worker_lifecycle() {
     ticks_beyond(&mut client, new_pid, ticks);
     assert!(ticks > ticks_before, "counters are not reset by a restart");
 
-    // 6. The launcher, killed, is restarted by the postmaster; the worker carries on.
+    // 6. The launcher, killed, is restarted by the postmaster; the worker carries on, alone:
+    // the new launcher adopts it rather than starting a second one.
     let launcher = launcher_backend(&mut client).expect("the launcher runs");
+    let worker = worker_backend(&mut client).expect("the worker runs");
+    let locked: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = x'70677175'::int::oid
+                AND objsubid = 3 AND mode = 'ExclusiveLock' AND granted AND pid = $1",
+            &[&worker],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(locked, 1, "the worker holds its database's lock");
     let terminated: bool = client.query_one("SELECT pg_terminate_backend($1, 5000)", &[&launcher]).unwrap().get(0);
     assert!(terminated);
     wait_for("a restarted launcher", LIMIT, || launcher_backend(&mut client).filter(|&p| p != launcher));
     let (_, ticks, _) = worker_state(&mut client).unwrap();
     wait_for("ticks after the launcher's restart", LIMIT, || worker_state(&mut client).filter(|&(_, t, _)| t > ticks));
+    // Ten of the new launcher's rounds (its naptime is 200 ms here).
+    for _ in 0..40 {
+        let workers: Vec<i32> = client
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'pgqueue worker' AND datname = current_database()",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(workers, vec![worker], "one worker, the same, after the launcher's restart");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn launcher_backend(client: &mut Client) -> Option<i32> {
