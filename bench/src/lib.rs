@@ -80,6 +80,9 @@ pub struct Sizes {
     /// sleeps `harness_poll` before it polls again.
     pub harness_wait: Duration,
     pub harness_poll: Duration,
+    /// How harness consumers ack and claim: one call per round (pgq_ack_claim), two
+    /// (pgq_claim, then pgq_ack), or both, each point side by side.
+    pub harness_modes: Vec<Mode>,
     /// Bytes: consumers per point; the background WAL is measured for `bytes_warmup` before
     /// the run, which then warms up as long before `bytes_for` is measured.
     pub bytes_consumers: usize,
@@ -135,6 +138,7 @@ impl Sizes {
             harness_for: Duration::from_secs(10),
             harness_wait: Duration::from_secs(1),
             harness_poll: Duration::from_millis(10),
+            harness_modes: vec![Mode::OneCall],
             bytes_consumers: 16,
             bytes_warmup: Duration::from_secs(2),
             bytes_for: Duration::from_secs(15),
@@ -187,6 +191,7 @@ impl Sizes {
             harness_for: Duration::from_millis(500),
             harness_wait: Duration::from_millis(100),
             harness_poll: Duration::from_millis(10),
+            harness_modes: vec![Mode::OneCall, Mode::TwoCall],
             bytes_consumers: 2,
             bytes_warmup: Duration::from_millis(200),
             bytes_for: Duration::from_millis(500),
@@ -418,10 +423,12 @@ pub struct Schedules {
 #[derive(Serialize)]
 pub struct HarnessPoint {
     pub system: String,
+    pub mode: String,
     pub consumers: usize,
     /// What each call claims at most (smaller at high N so that consumers x qty <= depth).
     pub qty: i32,
     pub depth: i64,
+    pub batch: usize,
     pub handler_ms: f64,
     pub seconds: f64,
     /// Jobs acked per second in the measured window.
@@ -444,6 +451,17 @@ pub struct HarnessPoint {
     pub pickup_p99_ms: f64,
     /// p99 of one call (ack + claim) among the calls that claimed something.
     pub call_p99_ms: f64,
+    /// The ready depth the producer kept (sent minus claimed, sampled every 100 ms in the
+    /// window): median and lowest.
+    pub depth_p50: i64,
+    pub depth_min: i64,
+    /// Per job acked in the window: rows inserted, updated and deleted in the system's
+    /// tables (pg_stat_user_tables, whose counts reach the view within about a second), and
+    /// WAL bytes (all of the server's).
+    pub row_writes_per_job: f64,
+    pub wal_bytes_per_job: f64,
+    /// Dead rows in the system's tables at the end of the window.
+    pub dead_rows: i64,
 }
 
 /// WAL and table sizes with a producer keeping the depth and consumers at full speed.
@@ -490,7 +508,7 @@ pub struct RelSize {
 }
 
 /// How a consumer acks and claims.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 pub enum Mode {
     /// A claim statement, then an ack statement: two commits per round.
     TwoCall,
@@ -504,6 +522,10 @@ impl Mode {
             Mode::TwoCall => "two-call",
             Mode::OneCall => "one-call",
         }
+    }
+
+    pub fn parse(name: &str) -> Option<Mode> {
+        [Mode::TwoCall, Mode::OneCall].into_iter().find(|m| m.name() == name)
     }
 }
 
@@ -796,6 +818,7 @@ struct Fleet {
     stop: Arc<AtomicBool>,
     measuring: Arc<AtomicBool>,
     sent: Arc<AtomicU64>,
+    claimed: Arc<AtomicU64>,
     /// The producer's send calls and the µs they took.
     sends: Arc<AtomicU64>,
     send_us: Arc<AtomicU64>,
@@ -900,7 +923,12 @@ impl Fleet {
                 })
             })
             .collect();
-        Fleet { stop, measuring, sent, sends, send_us, acked, calls, empty_calls, producer, consumers }
+        Fleet { stop, measuring, sent, claimed, sends, send_us, acked, calls, empty_calls, producer, consumers }
+    }
+
+    /// What the producer sees as ready: sent minus claimed.
+    fn ready(&self) -> i64 {
+        self.sent.load(Ordering::Relaxed) as i64 - self.claimed.load(Ordering::Relaxed) as i64
     }
 
     fn counts(&self) -> Counts {
@@ -1404,13 +1432,13 @@ impl Bench {
         let mut points = vec![];
         for &consumers in &s.harness_consumers {
             let qty = self.harness_qty(consumers);
-            for system in [System::Pgqueue, System::Baseline] {
-                self.say(&format!("harness: {} with {consumers} consumers, qty {qty}", system.name()));
+            for (mode, system) in s.harness_modes.iter().flat_map(|&m| [(m, System::Pgqueue), (m, System::Baseline)]) {
+                self.say(&format!("harness: {} {} with {consumers} consumers, qty {qty}", system.name(), mode.name()));
                 self.reset(&mut c);
                 Self::vacuum(&mut c);
                 let spec = FleetSpec {
                     system,
-                    mode: Mode::OneCall,
+                    mode,
                     consumers,
                     qty,
                     handler: s.harness_handler,
@@ -1421,17 +1449,31 @@ impl Bench {
                 };
                 let fleet = Fleet::start(self, spec);
                 std::thread::sleep(s.harness_warmup);
+                let (writes0, wal0) = (Self::row_writes(&mut c, system), Self::wal_at(&mut c));
                 let from = fleet.measure(true);
-                std::thread::sleep(s.harness_for);
+                let mut depths = vec![];
+                while from.at.elapsed() < s.harness_for {
+                    depths.push(fleet.ready());
+                    std::thread::sleep(Duration::from_millis(100).min(s.harness_for));
+                }
                 let to = fleet.measure(false);
+                let wal1 = Self::wal_at(&mut c);
+                // The last transactions' counts reach pg_stat_user_tables within a second.
+                std::thread::sleep(Duration::from_millis(1100));
+                let writes1 = Self::row_writes(&mut c, system);
+                let dead_rows = Self::dead_rows(&mut c, system);
                 let (waits, calls) = fleet.stop();
+                depths.sort_unstable();
                 let seconds = to.at.duration_since(from.at).as_secs_f64();
+                let jobs = (to.acked - from.acked).max(1) as f64;
                 let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
                 points.push(HarnessPoint {
                     system: system.name().into(),
+                    mode: mode.name().into(),
                     consumers,
                     qty,
                     depth: s.harness_depth,
+                    batch: s.harness_batch,
                     handler_ms: s.harness_handler.as_secs_f64() * 1000.0,
                     seconds,
                     jobs_per_s: (to.acked - from.acked) as f64 / seconds,
@@ -1450,6 +1492,11 @@ impl Bench {
                     pickup_p95_ms: ms(&waits, 0.95),
                     pickup_p99_ms: ms(&waits, 0.99),
                     call_p99_ms: ms(&calls, 0.99),
+                    depth_p50: depths.get(depths.len() / 2).copied().unwrap_or(0),
+                    depth_min: depths.first().copied().unwrap_or(0),
+                    row_writes_per_job: (writes1 - writes0) as f64 / jobs,
+                    wal_bytes_per_job: (wal1 - wal0) as f64 / jobs,
+                    dead_rows,
                 });
             }
         }
@@ -1459,6 +1506,35 @@ impl Bench {
     /// The WAL position (insert LSN) as bytes.
     fn wal_at(c: &mut Client) -> i64 {
         c.query_one("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint", &[]).unwrap().get(0)
+    }
+
+    /// The schema of a system's tables.
+    fn schema(system: System) -> &'static str {
+        match system {
+            System::Pgqueue => "pgqueue",
+            System::Baseline => "bench_baseline",
+        }
+    }
+
+    /// Rows inserted, updated and deleted so far in a system's tables.
+    fn row_writes(c: &mut Client, system: System) -> i64 {
+        c.query_one(
+            "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint FROM pg_stat_user_tables
+              WHERE schemaname = $1",
+            &[&Self::schema(system)],
+        )
+        .unwrap()
+        .get(0)
+    }
+
+    /// Dead rows now in a system's tables.
+    fn dead_rows(c: &mut Client, system: System) -> i64 {
+        c.query_one(
+            "SELECT coalesce(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables WHERE schemaname = $1",
+            &[&Self::schema(system)],
+        )
+        .unwrap()
+        .get(0)
     }
 
     /// pg_stat_wal's (records, full-page images), where it has them.

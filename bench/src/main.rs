@@ -2,7 +2,7 @@
 //! created (`--dsn`), or against a throwaway one it starts itself (`--pg-config`).
 
 use clap::Parser;
-use pgqueue_bench::{Bench, Report, Sizes, ThroughputPoint, chart};
+use pgqueue_bench::{Bench, Mode, Report, Sizes, ThroughputPoint, chart};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -26,6 +26,18 @@ struct Args {
     /// the size's own (full: 1,4,16,64,256).
     #[arg(long, value_delimiter = ',')]
     consumers: Option<Vec<usize>>,
+    /// Harness: the ready depth the producer keeps, its batch size, and the most a consumer
+    /// claims per call, instead of the size's own (full: 2000, 100, 32).
+    #[arg(long)]
+    harness_depth: Option<i64>,
+    #[arg(long)]
+    harness_batch: Option<usize>,
+    #[arg(long)]
+    harness_qty: Option<i32>,
+    /// Harness: one-call (pgq_ack_claim), two-call (pgq_claim, then pgq_ack), or both
+    /// (comma-separated; default one-call).
+    #[arg(long, value_delimiter = ',')]
+    harness_modes: Option<Vec<String>>,
     /// Seconds each throughput, harness and bytes point is measured, instead of the size's own
     /// (full: 10, 10, 15).
     #[arg(long)]
@@ -162,6 +174,23 @@ fn main() {
     if let Some(secs) = args.run_for {
         let d = std::time::Duration::from_secs_f64(secs);
         (sizes.run_for, sizes.harness_for, sizes.bytes_for) = (d, d, d);
+    }
+    if let Some(depth) = args.harness_depth {
+        sizes.harness_depth = depth;
+    }
+    if let Some(batch) = args.harness_batch {
+        sizes.harness_batch = batch;
+    }
+    if let Some(qty) = args.harness_qty {
+        sizes.harness_qty = qty;
+    }
+    if let Some(modes) = &args.harness_modes {
+        sizes.harness_modes = modes
+            .iter()
+            .map(|m| {
+                Mode::parse(m.trim()).unwrap_or_else(|| panic!("--harness-modes: {m} is neither one-call nor two-call"))
+            })
+            .collect();
     }
     if let Some(secs) = args.warm_for {
         sizes.warm_for = std::time::Duration::from_secs_f64(secs);
@@ -360,31 +389,38 @@ fn print(r: &Report) {
     if let Some(h) = r.harness.first() {
         let baseline_poll = r.harness.iter().find(|h| h.system == "baseline").map_or(0.0, |h| h.empty_wait_ms);
         println!(
-            "\nharness: one producer keeps ~{} ready (pgq_send_batch; baseline: one INSERT per batch), consumers claim up to qty with pgq_ack_claim (baseline: its delete-ack + claim in one statement), {} ms handler per job in turn, acked by the next call; with nothing to claim pgqueue waits in the call (wait {} ms), the baseline sleeps {} ms and polls again",
+            "\nharness: one producer keeps ~{} ready (pgq_send_batch; baseline: one INSERT per batch), in batches of {}; consumers claim up to qty, one-call: pgq_ack_claim (baseline: its delete-ack + claim in one statement), acking with the next call; two-call: pgq_claim, then pgq_ack (baseline: UPDATE, then DELETE); {} ms handler per job in turn; with nothing to claim pgqueue waits in the call (wait {} ms), the baseline sleeps {} ms and polls again. Row writes: inserts, updates and deletes in the system's tables; WAL: the server's",
             h.depth,
+            h.batch,
             h.handler_ms,
             r.harness.iter().find(|h| h.system == "pgqueue").map_or(0.0, |h| h.empty_wait_ms),
             baseline_poll
         );
         println!(
-            "| system | consumers | qty | jobs/s | ÷ handler bound | sent/s | ms per send call | empty calls | pickup p50 ms | p95 ms | p99 ms | claiming call p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "| system | mode | consumers | qty | jobs/s | ÷ handler bound | sent/s | depth kept p50 / min | ms per send call | empty calls | pickup p50 ms | p95 ms | p99 ms | claiming call p99 ms | row writes / job | WAL bytes / job | dead rows at the end |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for h in &r.harness {
             println!(
-                "| {} | {} | {} | {:.0} | {:.0} % | {:.0} | {:.1} | {} of {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                "| {} | {} | {} | {} | {:.0} | {:.0} % | {:.0} | {} / {} | {:.1} | {} of {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} |",
                 h.system,
+                h.mode,
                 h.consumers,
                 h.qty,
                 h.jobs_per_s,
                 100.0 * h.jobs_per_s / h.handler_bound.max(f64::MIN_POSITIVE),
                 h.sent_per_s,
+                h.depth_p50,
+                h.depth_min,
                 h.send_call_ms,
                 h.empty_calls,
                 h.calls,
                 h.pickup_p50_ms,
                 h.pickup_p95_ms,
                 h.pickup_p99_ms,
-                h.call_p99_ms
+                h.call_p99_ms,
+                h.row_writes_per_job,
+                h.wal_bytes_per_job,
+                h.dead_rows
             );
         }
     }

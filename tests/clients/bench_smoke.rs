@@ -54,8 +54,16 @@ fn every_scenario_runs_at_tiny_sizes() {
     assert_eq!(report.unique.len(), 3);
     assert!(report.unique.iter().all(|u| u.messages_per_s > 0.0));
     // Per consumer count, both systems; what the consumers acked, and when they claimed it.
-    assert_eq!(report.harness.len(), 2 * sizes.harness_consumers.len());
+    assert_eq!(report.harness.len(), 2 * sizes.harness_modes.len() * sizes.harness_consumers.len());
     assert!(report.harness.iter().all(|h| h.jobs_per_s > 0.0 && h.sent_per_s > 0.0 && h.pickup_p99_ms > 0.0));
+    // Every job wrote WAL (row writes come from statistics that lag by up to a second, more
+    // than a smoke window); the producer kept some depth.
+    assert!(report.harness.iter().all(|h| h.wal_bytes_per_job > 0.0));
+    assert!(
+        report.harness.iter().all(|h| h.depth_p50 > 0),
+        "{:?}",
+        report.harness.iter().map(|h| h.depth_p50).collect::<Vec<_>>()
+    );
     // 2 systems x 2 batch sizes x 2 modes.
     assert_eq!(report.bytes.len(), 8);
     assert!(report.bytes.iter().all(|b| b.jobs > 0 && b.wal_per_job > 0.0 && b.hot_bytes_end > 0 && b.heap_bytes > 0));

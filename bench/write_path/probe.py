@@ -1,0 +1,312 @@
+"""Write-path probe: row writes, WAL bytes and WAL records per job for pgqueue and for
+prototype layouts of the same job cycle (send in batches of 128, claim 64, ack 64), one
+session, each call its own transaction. Counts, not times: the numbers do not depend on the
+machine's load. See docs/design/write-path.md for what each layout is and what it keeps.
+
+    python bench/write_path/probe.py "host=127.0.0.1 port=54999 user=postgres" [jobs]
+
+The server needs pgqueue installed (CREATE EXTENSION is run) and pg_stat_wal (PostgreSQL 14+).
+"""
+
+import sys
+import uuid
+
+import psycopg
+
+BATCH, QTY = 128, 64
+
+SCHEMA = """
+DROP SCHEMA IF EXISTS proto CASCADE;
+CREATE SCHEMA proto;
+
+-- The hot table without claim columns: a claim writes nothing to it.
+CREATE TABLE proto.messages (
+    msg_id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue       text NOT NULL,
+    priority    smallint NOT NULL DEFAULT 0,
+    attempt     integer NOT NULL DEFAULT 0,
+    payload     jsonb NOT NULL,
+    headers     jsonb,
+    enqueued_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX ON proto.messages (queue, priority DESC, msg_id);
+
+CREATE TABLE proto.history (
+    msg_id bigint NOT NULL, queue text NOT NULL, outcome text NOT NULL, priority smallint NOT NULL,
+    attempt integer NOT NULL, payload jsonb NOT NULL, headers jsonb, enqueued_at timestamptz NOT NULL,
+    finished_at timestamptz NOT NULL DEFAULT now(), last_error text
+);
+CREATE INDEX ON proto.history (msg_id);
+
+-- One row per claim call: the ids, their tokens and the lease (claims that survive a crash).
+CREATE TABLE proto.claims (
+    claim_id bigint GENERATED ALWAYS AS IDENTITY,
+    msg_ids  bigint[] NOT NULL,
+    tokens   uuid[] NOT NULL,
+    lease_expires_at timestamptz NOT NULL
+);
+-- One row per ack call: what finished, and how (the message rows stay until their
+-- partition is truncated; history reads them through this log).
+CREATE TABLE proto.done (
+    msg_ids  bigint[] NOT NULL,
+    outcome  text NOT NULL,
+    finished_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- pgqueue's hot table as it is (columns, constraints, indexes), and the same with the columns
+-- a claim changes moved after the payload, so that the update's WAL record can leave the
+-- unchanged prefix out (PostgreSQL does when the new version stays on the same page).
+CREATE TABLE proto.current (LIKE pgqueue.messages INCLUDING ALL) WITH (fillfactor = 80);
+CREATE TABLE proto.reordered (
+    msg_id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue            text NOT NULL,
+    priority         smallint NOT NULL DEFAULT 0,
+    payload          jsonb NOT NULL,
+    headers          jsonb,
+    enqueued_at      timestamptz NOT NULL DEFAULT now(),
+    dedup_key        text,
+    state            text NOT NULL,
+    attempt          integer NOT NULL DEFAULT 0,
+    visible_at       timestamptz,
+    claim_token      uuid,
+    claimed_at       timestamptz,
+    consumer         text,
+    lease_expires_at timestamptz,
+    last_error       text,
+    session_pid      integer,
+    session_started  timestamptz
+) WITH (fillfactor = 80);
+CREATE INDEX ON proto.reordered (queue, priority DESC, msg_id) WHERE state = 'ready';
+CREATE INDEX ON proto.reordered (queue, visible_at) WHERE state = 'delayed';
+CREATE INDEX ON proto.reordered (msg_id) WHERE state = 'claimed';
+CREATE INDEX ON proto.reordered (session_pid) WHERE session_pid IS NOT NULL;
+
+-- Per-message ledgers instead of per-call ones: one narrow row per claim, one per finish.
+CREATE TABLE proto.claim_rows (
+    msg_id bigint NOT NULL, attempt integer NOT NULL, claim_token uuid NOT NULL,
+    lease_expires_at timestamptz NOT NULL, PRIMARY KEY (msg_id, attempt)
+);
+CREATE TABLE proto.done_rows (
+    msg_id bigint PRIMARY KEY, outcome text NOT NULL, attempt integer NOT NULL,
+    finished_at timestamptz NOT NULL DEFAULT now(), last_error text
+);
+
+-- A plain table with one index, for the cost of the insert itself.
+CREATE TABLE proto.baseline (id bigint GENERATED ALWAYS AS IDENTITY, payload jsonb NOT NULL);
+CREATE INDEX ON proto.baseline (id);
+"""
+
+PAYLOAD = '{"task": "resize", "image": 12345, "size": [640, 480]}'
+
+
+def counters(c):
+    c.execute("SELECT pg_stat_force_next_flush()")
+    row = c.execute(
+        """SELECT pg_current_wal_lsn(), w.wal_records, w.wal_fpi,
+                  (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)
+                     FROM pg_stat_user_tables WHERE schemaname IN ('pgqueue', 'proto')),
+                  (SELECT coalesce(sum(n_tup_hot_upd), 0)
+                     FROM pg_stat_user_tables WHERE schemaname IN ('pgqueue', 'proto'))
+             FROM pg_stat_wal w"""
+    ).fetchone()
+    return row
+
+
+def measure(c, name, jobs, run, hot):
+    """`hot`: the tables whose dead rows VACUUM then removes (its WAL is counted apart)."""
+    c.execute("CHECKPOINT")
+    before = counters(c)
+    run(jobs)
+    after = counters(c)
+    wal = c.execute("SELECT %s::pg_lsn - %s::pg_lsn", (after[0], before[0])).fetchone()[0]
+    lsn = c.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    dead = 0
+    for table in hot:
+        c.execute("SELECT pg_stat_force_next_flush()")
+        dead += c.execute(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass", (table,)
+        ).fetchone()[0]
+        c.execute(f"VACUUM {table}")
+    vacuum = c.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", (lsn,)).fetchone()[0]
+    per = lambda a, b: (a - b) / jobs  # noqa: E731
+    print(
+        f"| {name} | {per(after[3], before[3]):.2f} | {per(after[4], before[4]):.2f} | "
+        f"{float(wal) / jobs:,.0f} | {per(after[1], before[1]):.2f} | {per(after[2], before[2]):.3f} | "
+        f"{dead / jobs:.2f} | {float(vacuum) / jobs:,.0f} |"
+    )
+
+
+def pgqueue(c, jobs):
+    held = ([], [])
+    sent = 0
+    done = 0
+    while done < jobs:
+        if sent - done < 4 * QTY and sent < jobs:
+            n = min(BATCH, jobs - sent)
+            c.execute(
+                "SELECT count(*) FROM pgqueue.pgq_send_batch('probe', "
+                "(SELECT array_agg(%s::jsonb) FROM generate_series(1, %s)))",
+                (PAYLOAD, n),
+            )
+            sent += n
+            continue
+        rows = c.execute(
+            "SELECT kind, msg_id, claim_token FROM pgqueue.pgq_ack_claim('probe', %s, %s, qty => %s)",
+            (held[0], held[1], QTY),
+        ).fetchall()
+        done += len(held[0])
+        held = ([r[1] for r in rows if r[0] == "claimed"], [r[2] for r in rows if r[0] == "claimed"])
+    if held[0]:
+        c.execute("SELECT pgqueue.pgq_ack(%s, %s)", (held[0], held[1]))
+
+
+def proto(c, jobs, claim_log, ack):
+    """claim_log: False (nothing written), True (a row per call), 'rows' (a row per message);
+    ack: 'delete' (DELETE + INSERT history per message), 'log' (a done row per call) or 'rows'
+    (a done row per message)."""
+    sent = 0
+    done = 0
+    start = 0
+    while done < jobs:
+        if sent - done < 4 * QTY and sent < jobs:
+            n = min(BATCH, jobs - sent)
+            c.execute(
+                "INSERT INTO proto.messages (queue, payload) SELECT 'probe', %s::jsonb FROM generate_series(1, %s)",
+                (PAYLOAD, n),
+            )
+            sent += n
+            continue
+        # The claim: the rows after the hint, read, not written (the lease lives elsewhere).
+        ids = [
+            r[0]
+            for r in c.execute(
+                "SELECT msg_id FROM proto.messages WHERE queue = 'probe' AND msg_id > %s "
+                "ORDER BY priority DESC, msg_id LIMIT %s",
+                (start, QTY),
+            ).fetchall()
+        ]
+        start = ids[-1]
+        if claim_log == "rows":
+            c.execute(
+                "INSERT INTO proto.claim_rows SELECT id, 1, gen_random_uuid(), now() + '30 s' FROM unnest(%s::bigint[]) id",
+                (ids,),
+            )
+        elif claim_log:
+            c.execute(
+                "INSERT INTO proto.claims (msg_ids, tokens, lease_expires_at) VALUES (%s, %s, now() + '30 s')",
+                (ids, [uuid.uuid4() for _ in ids]),
+            )
+        if ack == "delete":
+            c.execute(
+                """WITH gone AS (DELETE FROM proto.messages WHERE msg_id = ANY(%s) RETURNING *)
+                   INSERT INTO proto.history (msg_id, queue, outcome, priority, attempt, payload, headers, enqueued_at)
+                   SELECT msg_id, queue, 'completed', priority, attempt + 1, payload, headers, enqueued_at FROM gone""",
+                (ids,),
+            )
+        elif ack == "rows":
+            c.execute("INSERT INTO proto.done_rows SELECT id, 'completed', 1 FROM unnest(%s::bigint[]) id", (ids,))
+        else:
+            c.execute("INSERT INTO proto.done (msg_ids, outcome) VALUES (%s, 'completed')", (ids,))
+        done += len(ids)
+
+
+def sends(c, jobs):
+    for _ in range(jobs // BATCH):
+        c.execute(
+            "SELECT count(*) FROM pgqueue.pgq_send_batch('probe_sends', "
+            "(SELECT array_agg(%s::jsonb) FROM generate_series(1, %s)))",
+            (PAYLOAD, BATCH),
+        )
+
+
+def proto_sends(c, jobs):
+    for _ in range(jobs // BATCH):
+        c.execute(
+            "INSERT INTO proto.messages (queue, payload) SELECT 'probe', %s::jsonb FROM generate_series(1, %s)",
+            (PAYLOAD, BATCH),
+        )
+
+
+def in_place(c, jobs, table, lock):
+    """pgqueue's cycle on a copy of its table: the claim an UPDATE of the row (after a
+    FOR UPDATE SKIP LOCKED pick, or without one), the ack DELETE + history."""
+    sent = done = 0
+    pick = "FOR UPDATE SKIP LOCKED" if lock else ""
+    while done < jobs:
+        if sent - done < 4 * QTY and sent < jobs:
+            n = min(BATCH, jobs - sent)
+            c.execute(
+                f"INSERT INTO {table} (queue, state, payload) SELECT 'probe', 'ready', %s::jsonb "
+                "FROM generate_series(1, %s)",
+                (PAYLOAD, n),
+            )
+            sent += n
+            continue
+        ids = [
+            r[0]
+            for r in c.execute(
+                f"""WITH picked AS (SELECT msg_id FROM {table} WHERE queue = 'probe' AND state = 'ready'
+                                    ORDER BY priority DESC, msg_id LIMIT %s {pick})
+                    UPDATE {table} m SET state = 'claimed', claim_token = gen_random_uuid(),
+                           attempt = m.attempt + 1, claimed_at = now(), lease_expires_at = now() + '30 s'
+                      FROM picked WHERE m.msg_id = picked.msg_id AND m.state = 'ready'
+                    RETURNING m.msg_id""",
+                (QTY,),
+            ).fetchall()
+        ]
+        c.execute(
+            f"""WITH gone AS (DELETE FROM {table} WHERE msg_id = ANY(%s) RETURNING *)
+               INSERT INTO proto.history (msg_id, queue, outcome, priority, attempt, payload, headers, enqueued_at)
+               SELECT msg_id, queue, 'completed', priority, attempt, payload, headers, enqueued_at FROM gone""",
+            (ids,),
+        )
+        done += len(ids)
+
+
+def baseline(c, jobs):
+    for _ in range(jobs // BATCH):
+        c.execute(
+            "INSERT INTO proto.baseline (payload) SELECT %s::jsonb FROM generate_series(1, %s)", (PAYLOAD, BATCH)
+        )
+
+
+def main():
+    dsn = sys.argv[1]
+    jobs = int(sys.argv[2]) if len(sys.argv) > 2 else 64_000
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS pgqueue")
+        c.execute(SCHEMA)
+        for q in ("probe", "probe_sends"):
+            if not c.execute("SELECT 1 FROM pgqueue.queues WHERE queue = %s", (q,)).fetchone():
+                c.execute("SELECT pgqueue.pgq_create_queue(%s)", (q,))
+        print(f"{jobs} jobs; sends of {BATCH}, claims and acks of {QTY}; per job:\n")
+        print(
+            "| layout | row writes | of which HOT updates | WAL bytes | WAL records | full-page images "
+            "| dead rows left | WAL of the VACUUM that removes them |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        m = ["pgqueue.messages"]
+        p = ["proto.messages"]
+        measure(c, "pgqueue (send_batch, ack_claim)", jobs, lambda n: pgqueue(c, n), m)
+        measure(c, "pgqueue sends alone (send_batch)", jobs, lambda n: sends(c, n), [])
+        measure(c, "its cycle in SQL, on a copy of its table", jobs, lambda n: in_place(c, n, "proto.current", True),
+                ["proto.current"])
+        measure(c, "the same without the row lock", jobs, lambda n: in_place(c, n, "proto.current", False),
+                ["proto.current"])
+        measure(c, "the same, claim columns after the payload", jobs,
+                lambda n: in_place(c, n, "proto.reordered", False), ["proto.reordered"])
+        measure(c, "A: claims off the row, DELETE + history", jobs, lambda n: proto(c, n, False, "delete"), p)
+        measure(c, "B: A + a claim row per call", jobs, lambda n: proto(c, n, True, "delete"), p)
+        c.execute("TRUNCATE proto.messages")
+        measure(c, "C: claims off the row, a done row per call", jobs, lambda n: proto(c, n, False, "log"), p)
+        c.execute("TRUNCATE proto.messages")
+        measure(c, "D: C + a claim row per call", jobs, lambda n: proto(c, n, True, "log"), p)
+        c.execute("TRUNCATE proto.messages")
+        measure(c, "E: C, D with a row per claim and per finish", jobs, lambda n: proto(c, n, "rows", "rows"), p)
+        c.execute("TRUNCATE proto.messages")
+        measure(c, "C's send alone (INSERT, two indexes)", jobs, lambda n: proto_sends(c, n), [])
+        measure(c, "insert only, one index", jobs, lambda n: baseline(c, n), [])
+
+
+if __name__ == "__main__":
+    main()
