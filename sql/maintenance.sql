@@ -317,7 +317,7 @@ BEGIN ATOMIC
         last_tick_at = now(),
         last_prune_at = CASE WHEN (counts->>'pruned')::boolean THEN now() ELSE last_prune_at END,
         tick_interval_ms = (counts->>'tick_interval_ms')::integer,
-        ticks = ticks + 1,
+        ticks = ticks + coalesce((counts->>'ticks')::bigint, 1),
         tick_failures = tick_failures + coalesce((counts->>'tick_failures')::bigint, 0),
         promote_failures = promote_failures + coalesce((counts->>'promote_failures')::bigint, 0),
         orphan_failures = orphan_failures + coalesce((counts->>'orphan_failures')::bigint, 0),

@@ -208,7 +208,9 @@ BEGIN
             missed := missed + d.missed;
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT, code = RETURNED_SQLSTATE;
-            IF problem IS DISTINCT FROM s.last_error THEN
+            -- Logged once per error in a row: again when it differs, or when the schedule
+            -- fired since it was last seen.
+            IF problem IS DISTINCT FROM s.last_error OR s.last_fired_at > s.last_error_at THEN
                 RAISE WARNING 'pgqueue: schedule "%" failed to enqueue its run for %: %', s.name, s.next_run, problem;
             END IF;
             IF code LIKE '40%' OR code = '55P03' THEN

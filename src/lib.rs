@@ -27,6 +27,7 @@ mod schedule;
 mod sql_files;
 mod statement;
 mod tick;
+mod tick_counts;
 mod wait;
 mod worker;
 

@@ -6,6 +6,7 @@
 use crate::bracket::Bracket;
 use crate::guc;
 use crate::queue_state;
+use crate::tick_counts;
 use pgrx::JsonB;
 use pgrx::prelude::*;
 use serde_json::{Map, Value, json};
@@ -267,7 +268,12 @@ fn prune() -> Vec<(String, i64, i64)> {
 
 /// Adds the tick's counts to `pgqueue.worker_state`.
 fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
+    thread_local! {
+        /// The counts of a tick whose record failed, recorded with the next tick's.
+        static UNRECORDED: std::cell::RefCell<Option<Map<String, Value>>> = const { std::cell::RefCell::new(None) };
+    }
     let mut counts = out.counts.clone();
+    counts.insert("ticks".into(), json!(1));
     for (step, _) in &out.failed {
         let key = format!("{step}_failures");
         let n = counts.get(&key).and_then(Value::as_i64).unwrap_or(0);
@@ -280,10 +286,18 @@ fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
     if let Some((step, error)) = out.failed.last() {
         counts.insert("error".into(), json!(format!("{step}: {error}")));
     }
-    let counts = JsonB(Value::Object(counts));
-    step(bracket, out, "record", move || {
-        Spi::run_with_args("SELECT pgqueue._record_tick($1)", &[counts.into()]).unwrap_or_else(|e| error!("{e}"))
+    if let Some(earlier) = UNRECORDED.take() {
+        tick_counts::merge(&mut counts, earlier);
+    }
+    let argument = JsonB(Value::Object(counts.clone()));
+    let recorded = step(bracket, out, "record", move || {
+        Spi::run_with_args("SELECT pgqueue._record_tick($1)", &[argument.into()]).unwrap_or_else(|e| error!("{e}"))
     });
+    if recorded.is_none() {
+        let error = out.failed.last().map_or("", |(_, e)| e.as_str());
+        tick_counts::record_failed(&mut counts, error);
+        UNRECORDED.set(Some(counts));
+    }
 }
 
 /// Which release's SQL this database runs: until ALTER EXTENSION UPDATE, this library may

@@ -765,6 +765,41 @@ fn a_dropped_queue_fails_only_its_own_schedule() {
     assert_eq!(after[1..], before[1..], "{counters:?}: no tick or step failed because of it");
 }
 
+/// A failing schedule's warning is logged once per error in a row: not again while it fails
+/// the same way slot after slot, but again when it fails that way after firing since.
+#[test]
+fn a_schedule_error_is_logged_again_after_the_schedule_fired() {
+    let _serial = serial();
+    let scope = Scope::new("relog");
+    let notices = Arc::new(Mutex::new(vec![]));
+    let mut c = common::connect_with_notices(notices.clone());
+    let q = new_queue(&mut c, "");
+    let name = scope.name("s");
+    schedule(&mut c, &name, &q, "* * * * * *", "");
+    let warned = || {
+        let wanted = format!("schedule \"{name}\" failed to enqueue");
+        notices.lock().unwrap().iter().filter(|n| n.contains(&wanted)).count()
+    };
+    // Due now, in this transaction (the worker passes a locked row over).
+    let due = "UPDATE pgqueue.schedules SET next_run = date_trunc('second', now()) WHERE name = $1";
+    let at = "date_trunc('second', now())";
+    let mut tx = c.transaction().unwrap();
+    tx.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q]).unwrap();
+    for _ in 0..2 {
+        tx.execute(due, &[&name]).unwrap();
+        assert_eq!(fire(&mut tx, at), (0, 0, 1, false), "(fired, missed, failed, more)");
+    }
+    assert_eq!(warned(), 1, "the same error twice in a row: one warning");
+    tx.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
+    tx.execute(due, &[&name]).unwrap();
+    assert_eq!(fire(&mut tx, at), (1, 0, 0, false), "fired");
+    tx.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q]).unwrap();
+    tx.execute(due, &[&name]).unwrap();
+    assert_eq!(fire(&mut tx, at), (0, 0, 1, false));
+    assert_eq!(warned(), 2, "the same error after a firing: a warning again");
+    tx.rollback().unwrap();
+}
+
 /// This transaction's scans of `pgqueue.schedules` so far: (sequential scans, index scans,
 /// live rows fetched by index scans).
 fn scans(tx: &mut impl GenericClient) -> [i64; 3] {

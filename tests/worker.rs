@@ -293,6 +293,32 @@ fn a_failing_step_is_counted_and_the_others_still_run() {
     assert_eq!(stat(&mut c, "pid"), pid, "the same worker process carried on");
 }
 
+/// A tick whose record fails (its row locked past the worker's lock_timeout of 5 s) is
+/// recorded with the next tick: its counts and its own failure.
+#[test]
+fn a_tick_whose_record_failed_is_recorded_with_the_next() {
+    let _serial = serial();
+    let mut c = connect();
+    let q = new_queue(&mut c, "");
+    wait_for("a ticking worker", LIMIT, || Some(stat(&mut c, "pid")).filter(|&p| p != 0));
+    let (failures, ticks, rearmed) = (stat(&mut c, "tick_failures"), stat(&mut c, "ticks"), stat(&mut c, "rearmed"));
+    let id: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0);
+    c.execute("SELECT * FROM pgqueue.pgq_claim($1, lease => '100 ms')", &[&q]).unwrap();
+    let mut holder = connect();
+    let mut tx = holder.transaction().unwrap();
+    tx.execute("SELECT FROM pgqueue.worker_state FOR UPDATE", &[]).unwrap();
+    // The worker re-arms the claim, then waits 5 s for the row and gives up on this record.
+    wait_for("the re-arm", LIMIT, || (state(&mut c, id).as_deref() == Some("ready")).then_some(()));
+    std::thread::sleep(Duration::from_millis(6_000));
+    assert_eq!(stat(&mut c, "rearmed"), rearmed, "not recorded while the row is locked");
+    tx.commit().unwrap();
+    wait_for("the failed record counted", LIMIT, || (stat(&mut c, "tick_failures") > failures).then_some(()));
+    let error: String = c.query_one("SELECT last_error FROM pgqueue.worker_stats", &[]).unwrap().get(0);
+    assert!(error.starts_with("record:") && error.contains("lock timeout"), "{error}");
+    assert!(stat(&mut c, "rearmed") > rearmed, "the re-arm of the unrecorded tick is counted");
+    assert!(stat(&mut c, "ticks") >= ticks + 2, "both ticks are counted");
+}
+
 #[test]
 fn a_session_bound_claim_comes_back_when_its_backend_dies() {
     let _serial = serial();

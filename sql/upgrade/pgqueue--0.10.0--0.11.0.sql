@@ -8,6 +8,9 @@
 --    session-bound.
 -- 2. Descriptions for the public functions, views and tables (the same COMMENT ON
 --    statements as sql/comments.sql, which fresh installs run).
+-- 3. _fire_schedules logs a schedule's error again when the schedule fired since it was
+--    last logged; _record_tick takes the number of ticks it records (a tick whose record
+--    failed is recorded with the next).
 
 DROP INDEX pgqueue.messages_session_idx;
 CREATE INDEX messages_session_idx ON pgqueue.messages (session_pid)
@@ -31,6 +34,125 @@ BEGIN ATOMIC
         RETURNING m.msg_id
     )
     SELECT count(*) FROM expired;
+END;
+
+CREATE OR REPLACE FUNCTION pgqueue._fire_schedules(max_rows integer DEFAULT 50, at timestamptz DEFAULT NULL)
+RETURNS TABLE (fired bigint, missed bigint, failed bigint, more boolean)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    now_at timestamptz := coalesce(at, now());
+    s pgqueue.schedules;
+    d record;
+    slot timestamptz;
+    n bigint;
+    id bigint;
+    last_slot timestamptz;
+    problem text;
+    code text;
+    runs integer;  -- this firing's runs (at least one, for the failure count)
+    seen integer := 0;
+BEGIN
+    fired := 0;
+    missed := 0;
+    failed := 0;
+    FOR s IN SELECT * FROM pgqueue.schedules sc WHERE NOT sc.paused AND sc.next_run <= now_at
+              ORDER BY sc.next_run LIMIT max_rows FOR UPDATE SKIP LOCKED LOOP
+        seen := seen + 1;
+        runs := 1;
+        BEGIN
+            SELECT * INTO d FROM pgqueue._due_slots(s.cron, s.time_zone, s.next_run, now_at, now_at - s.grace,
+                                                    s.missed = 'catch_up');
+            runs := greatest(cardinality(d.slots) + (d.catch_up_slot IS NOT NULL)::integer, 1);
+            n := 0;
+            id := NULL;
+            last_slot := NULL;
+            IF d.catch_up_slot IS NOT NULL THEN
+                id := pgqueue._fire(s, d.catch_up_slot, d.missed);
+                n := n + 1;
+                last_slot := d.catch_up_slot;
+            END IF;
+            FOREACH slot IN ARRAY d.slots LOOP
+                id := pgqueue._fire(s, slot, NULL);
+                n := n + 1;
+                last_slot := slot;
+            END LOOP;
+            IF d.next_run IS NULL THEN
+                RAISE EXCEPTION 'no next time for cron % in %', s.cron, s.time_zone;
+            END IF;
+            UPDATE pgqueue.schedules sc
+               SET next_run = d.next_run, runs = sc.runs + n, missed_runs = sc.missed_runs + d.missed,
+                   last_run = coalesce(last_slot, sc.last_run), last_msg_id = coalesce(id, sc.last_msg_id),
+                   last_fired_at = CASE WHEN n > 0 THEN clock_timestamp() ELSE sc.last_fired_at END
+             WHERE sc.name = s.name;
+            fired := fired + n;
+            missed := missed + d.missed;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT, code = RETURNED_SQLSTATE;
+            -- Logged once per error in a row: again when it differs, or when the schedule
+            -- fired since it was last seen.
+            IF problem IS DISTINCT FROM s.last_error OR s.last_fired_at > s.last_error_at THEN
+                RAISE WARNING 'pgqueue: schedule "%" failed to enqueue its run for %: %', s.name, s.next_run, problem;
+            END IF;
+            IF code LIKE '40%' OR code = '55P03' THEN
+                -- A conflict: the same slots next tick.
+                UPDATE pgqueue.schedules sc SET last_error = problem, last_error_at = now() WHERE sc.name = s.name;
+            ELSE
+                -- Every run of this firing failed; passed over to the next slot (NULL if none
+                -- can be computed: the schedule stops, reported).
+                failed := failed + runs;
+                UPDATE pgqueue.schedules sc
+                   SET next_run = (SELECT pgqueue._cron_next(sc.cron, sc.time_zone, now_at, 1)),
+                       failures = sc.failures + runs, last_error = problem, last_error_at = now()
+                 WHERE sc.name = s.name;
+            END IF;
+        END;
+    END LOOP;
+    more := seen >= max_rows;
+    RETURN NEXT;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue._record_tick(counts jsonb) RETURNS void
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    UPDATE pgqueue.worker_state SET
+        pid = pg_backend_pid(),
+        started_at = CASE WHEN (counts->>'first')::boolean THEN now() ELSE started_at END,
+        last_tick_at = now(),
+        last_prune_at = CASE WHEN (counts->>'pruned')::boolean THEN now() ELSE last_prune_at END,
+        tick_interval_ms = (counts->>'tick_interval_ms')::integer,
+        ticks = ticks + coalesce((counts->>'ticks')::bigint, 1),
+        tick_failures = tick_failures + coalesce((counts->>'tick_failures')::bigint, 0),
+        promote_failures = promote_failures + coalesce((counts->>'promote_failures')::bigint, 0),
+        orphan_failures = orphan_failures + coalesce((counts->>'orphan_failures')::bigint, 0),
+        rearm_failures = rearm_failures + coalesce((counts->>'rearm_failures')::bigint, 0),
+        partition_failures = partition_failures + coalesce((counts->>'partition_failures')::bigint, 0),
+        reconcile_failures = reconcile_failures + coalesce((counts->>'reconcile_failures')::bigint, 0),
+        prune_failures = prune_failures + coalesce((counts->>'prune_failures')::bigint, 0),
+        promoted = promoted + coalesce((counts->>'promoted')::bigint, 0),
+        orphans_expired = orphans_expired + coalesce((counts->>'orphans_expired')::bigint, 0),
+        rearmed = rearmed + coalesce((counts->>'rearmed')::bigint, 0),
+        dead_lettered = dead_lettered + coalesce((counts->>'dead_lettered')::bigint, 0),
+        rescue_batches = rescue_batches + coalesce((counts->>'rescue_batches')::bigint, 0),
+        rescue_rows = rescue_rows + coalesce((counts->>'rescue_rows')::bigint, 0),
+        partitions_created = partitions_created + coalesce((counts->>'partitions_created')::bigint, 0),
+        prune_pruned = prune_pruned + coalesce((counts->>'prune_pruned')::bigint, 0),
+        prune_noop = prune_noop + coalesce((counts->>'prune_noop')::bigint, 0),
+        prune_blocked = prune_blocked + coalesce((counts->>'prune_blocked')::bigint, 0),
+        prune_skipped_active = prune_skipped_active + coalesce((counts->>'prune_skipped_active')::bigint, 0),
+        prune_backed_off = prune_backed_off + coalesce((counts->>'prune_backed_off')::bigint, 0),
+        prune_error = prune_error + coalesce((counts->>'prune_error')::bigint, 0),
+        pruned_rows = pruned_rows + coalesce((counts->>'pruned_rows')::bigint, 0),
+        hint_corrections = hint_corrections + coalesce((counts->>'hint_corrections')::bigint, 0),
+        schedule_failures = schedule_failures + coalesce((counts->>'schedule_failures')::bigint, 0),
+        keys_failures = keys_failures + coalesce((counts->>'keys_failures')::bigint, 0),
+        scheduled_runs = scheduled_runs + coalesce((counts->>'scheduled_runs')::bigint, 0),
+        missed_runs = missed_runs + coalesce((counts->>'missed_runs')::bigint, 0),
+        schedule_errors = schedule_errors + coalesce((counts->>'schedule_errors')::bigint, 0),
+        keys_expired = keys_expired + coalesce((counts->>'keys_expired')::bigint, 0),
+        last_error = coalesce(counts->>'error', last_error),
+        last_error_at = CASE WHEN counts ? 'error' THEN now() ELSE last_error_at END;
 END;
 
 COMMENT ON FUNCTION pgqueue.pgq_create_queue(text, interval, integer, boolean, interval, boolean) IS
