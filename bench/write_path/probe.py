@@ -136,26 +136,51 @@ def measure(c, name, jobs, run, hot):
     )
 
 
-def pgqueue(c, jobs):
-    held = ([], [])
-    sent = 0
-    done = 0
+def send_batch(c, queue, n):
+    """n messages through pgq_send_batch, one call."""
+    c.execute(
+        "SELECT count(*) FROM pgqueue.pgq_send_batch(%s, (SELECT array_agg(%s::jsonb) FROM generate_series(1, %s)))",
+        (queue, PAYLOAD, n),
+    )
+
+
+def insert(c, table, n, columns="queue, payload", values="'probe', %s::jsonb"):
+    """n rows into a prototype table, one INSERT."""
+    c.execute(f"INSERT INTO {table} ({columns}) SELECT {values} FROM generate_series(1, %s)", (PAYLOAD, n))
+
+
+def cycle(jobs, send, claim_and_ack):
+    """The job cycle: sends keep a lead of 4 claims; claim_and_ack() returns how many jobs it
+    finished."""
+    sent = done = 0
     while done < jobs:
         if sent - done < 4 * QTY and sent < jobs:
             n = min(BATCH, jobs - sent)
-            c.execute(
-                "SELECT count(*) FROM pgqueue.pgq_send_batch('probe', "
-                "(SELECT array_agg(%s::jsonb) FROM generate_series(1, %s)))",
-                (PAYLOAD, n),
-            )
+            send(n)
             sent += n
-            continue
+        else:
+            done += claim_and_ack()
+
+
+def sends_alone(jobs, send):
+    for _ in range(jobs // BATCH):
+        send(BATCH)
+
+
+def pgqueue(c, jobs):
+    held = ([], [])
+
+    def round_():
+        nonlocal held
         rows = c.execute(
             "SELECT kind, msg_id, claim_token FROM pgqueue.pgq_ack_claim('probe', %s, %s, qty => %s)",
             (held[0], held[1], QTY),
         ).fetchall()
-        done += len(held[0])
+        acked = len(held[0])
         held = ([r[1] for r in rows if r[0] == "claimed"], [r[2] for r in rows if r[0] == "claimed"])
+        return acked
+
+    cycle(jobs, lambda n: send_batch(c, "probe", n), round_)
     if held[0]:
         c.execute("SELECT pgqueue.pgq_ack(%s, %s)", (held[0], held[1]))
 
@@ -164,18 +189,10 @@ def proto(c, jobs, claim_log, ack):
     """claim_log: False (nothing written), True (a row per call), 'rows' (a row per message);
     ack: 'delete' (DELETE + INSERT history per message), 'log' (a done row per call) or 'rows'
     (a done row per message)."""
-    sent = 0
-    done = 0
     start = 0
-    while done < jobs:
-        if sent - done < 4 * QTY and sent < jobs:
-            n = min(BATCH, jobs - sent)
-            c.execute(
-                "INSERT INTO proto.messages (queue, payload) SELECT 'probe', %s::jsonb FROM generate_series(1, %s)",
-                (PAYLOAD, n),
-            )
-            sent += n
-            continue
+
+    def round_():
+        nonlocal start
         # The claim: the rows after the hint, read, not written (the lease lives elsewhere).
         ids = [
             r[0]
@@ -197,51 +214,32 @@ def proto(c, jobs, claim_log, ack):
                 (ids, [uuid.uuid4() for _ in ids]),
             )
         if ack == "delete":
-            c.execute(
-                """WITH gone AS (DELETE FROM proto.messages WHERE msg_id = ANY(%s) RETURNING *)
-                   INSERT INTO proto.history (msg_id, queue, outcome, priority, attempt, payload, headers, enqueued_at)
-                   SELECT msg_id, queue, 'completed', priority, attempt + 1, payload, headers, enqueued_at FROM gone""",
-                (ids,),
-            )
+            delete_to_history(c, "proto.messages", ids, "attempt + 1")
         elif ack == "rows":
             c.execute("INSERT INTO proto.done_rows SELECT id, 'completed', 1 FROM unnest(%s::bigint[]) id", (ids,))
         else:
             c.execute("INSERT INTO proto.done (msg_ids, outcome) VALUES (%s, 'completed')", (ids,))
-        done += len(ids)
+        return len(ids)
+
+    cycle(jobs, lambda n: insert(c, "proto.messages", n), round_)
 
 
-def sends(c, jobs):
-    for _ in range(jobs // BATCH):
-        c.execute(
-            "SELECT count(*) FROM pgqueue.pgq_send_batch('probe_sends', "
-            "(SELECT array_agg(%s::jsonb) FROM generate_series(1, %s)))",
-            (PAYLOAD, BATCH),
-        )
-
-
-def proto_sends(c, jobs):
-    for _ in range(jobs // BATCH):
-        c.execute(
-            "INSERT INTO proto.messages (queue, payload) SELECT 'probe', %s::jsonb FROM generate_series(1, %s)",
-            (PAYLOAD, BATCH),
-        )
+def delete_to_history(c, table, ids, attempt):
+    """The ack as pgqueue does it: the rows deleted, and written to history."""
+    c.execute(
+        f"""WITH gone AS (DELETE FROM {table} WHERE msg_id = ANY(%s) RETURNING *)
+           INSERT INTO proto.history (msg_id, queue, outcome, priority, attempt, payload, headers, enqueued_at)
+           SELECT msg_id, queue, 'completed', priority, {attempt}, payload, headers, enqueued_at FROM gone""",
+        (ids,),
+    )
 
 
 def in_place(c, jobs, table, lock):
     """pgqueue's cycle on a copy of its table: the claim an UPDATE of the row (after a
     FOR UPDATE SKIP LOCKED pick, or without one), the ack DELETE + history."""
-    sent = done = 0
     pick = "FOR UPDATE SKIP LOCKED" if lock else ""
-    while done < jobs:
-        if sent - done < 4 * QTY and sent < jobs:
-            n = min(BATCH, jobs - sent)
-            c.execute(
-                f"INSERT INTO {table} (queue, state, payload) SELECT 'probe', 'ready', %s::jsonb "
-                "FROM generate_series(1, %s)",
-                (PAYLOAD, n),
-            )
-            sent += n
-            continue
+
+    def round_():
         ids = [
             r[0]
             for r in c.execute(
@@ -254,20 +252,10 @@ def in_place(c, jobs, table, lock):
                 (QTY,),
             ).fetchall()
         ]
-        c.execute(
-            f"""WITH gone AS (DELETE FROM {table} WHERE msg_id = ANY(%s) RETURNING *)
-               INSERT INTO proto.history (msg_id, queue, outcome, priority, attempt, payload, headers, enqueued_at)
-               SELECT msg_id, queue, 'completed', priority, attempt, payload, headers, enqueued_at FROM gone""",
-            (ids,),
-        )
-        done += len(ids)
+        delete_to_history(c, table, ids, "attempt")
+        return len(ids)
 
-
-def baseline(c, jobs):
-    for _ in range(jobs // BATCH):
-        c.execute(
-            "INSERT INTO proto.baseline (payload) SELECT %s::jsonb FROM generate_series(1, %s)", (PAYLOAD, BATCH)
-        )
+    cycle(jobs, lambda n: insert(c, table, n, "queue, state, payload", "'probe', 'ready', %s::jsonb"), round_)
 
 
 def main():
@@ -288,7 +276,7 @@ def main():
         m = ["pgqueue.messages"]
         p = ["proto.messages"]
         measure(c, "pgqueue (send_batch, ack_claim)", jobs, lambda n: pgqueue(c, n), m)
-        measure(c, "pgqueue sends alone (send_batch)", jobs, lambda n: sends(c, n), [])
+        measure(c, "pgqueue sends alone (send_batch)", jobs, lambda n: sends_alone(n, lambda k: send_batch(c, "probe_sends", k)), [])
         measure(c, "its cycle in SQL, on a copy of its table", jobs, lambda n: in_place(c, n, "proto.current", True),
                 ["proto.current"])
         measure(c, "the same without the row lock", jobs, lambda n: in_place(c, n, "proto.current", False),
@@ -304,8 +292,8 @@ def main():
         c.execute("TRUNCATE proto.messages")
         measure(c, "E: C, D with a row per claim and per finish", jobs, lambda n: proto(c, n, "rows", "rows"), p)
         c.execute("TRUNCATE proto.messages")
-        measure(c, "C's send alone (INSERT, two indexes)", jobs, lambda n: proto_sends(c, n), [])
-        measure(c, "insert only, one index", jobs, lambda n: baseline(c, n), [])
+        measure(c, "C's send alone (INSERT, two indexes)", jobs, lambda n: sends_alone(n, lambda k: insert(c, "proto.messages", k)), [])
+        measure(c, "insert only, one index", jobs, lambda n: sends_alone(n, lambda k: insert(c, "proto.baseline", k, "payload", "%s::jsonb")), [])
 
 
 if __name__ == "__main__":
