@@ -36,10 +36,14 @@ COMMENT ON FUNCTION pgqueue.pgq_renew(bigint[], uuid[], interval) IS
     'extend the leases of claims still held; returns their ids';
 COMMENT ON FUNCTION pgqueue.pgq_redrive(text, bigint[]) IS
     'make a queue''s dead letters claimable again with a fresh attempt count; returns how many';
+COMMENT ON FUNCTION pgqueue.pgq_delete_dead(text, bigint[]) IS
+    'delete a queue''s dead letters (all, or the given ids) for good; returns how many';
 
 -- Schedules
 COMMENT ON FUNCTION pgqueue.pgq_schedule(text, text, text, jsonb, text, smallint, jsonb, boolean, text, interval) IS
     'create or replace a periodic schedule (cron pattern in a time zone); returns its next run';
+COMMENT ON FUNCTION pgqueue.pgq_run_schedule(text) IS
+    'enqueue one run of a schedule now, its next run unchanged; returns the msg_id';
 COMMENT ON FUNCTION pgqueue.pgq_unschedule(text, boolean) IS
     'delete a schedule; the messages it enqueued stay';
 COMMENT ON FUNCTION pgqueue.pgq_pause_schedule(text) IS
@@ -61,7 +65,13 @@ COMMENT ON FUNCTION pgqueue.pgq_version() IS
 COMMENT ON TYPE pgqueue.prune_result IS
     'one row of pgq_prune: queue, partition, outcome and rows removed';
 
+-- Auditing
+COMMENT ON FUNCTION pgqueue.pgq_audit(text, text, jsonb, text) IS
+    'record an operator''s action (who, what, on what) in pgqueue.audit_log; returns its id';
+
 -- Views
+COMMENT ON VIEW pgqueue.jobs IS
+    'every message, waiting, claimed or finished, with its state or outcome (no claim tokens)';
 COMMENT ON VIEW pgqueue.queue_stats IS
     'per queue, counted exactly: ready, delayed, claimed, expired and dead messages, oldest ages';
 COMMENT ON VIEW pgqueue.queue_depth IS
@@ -86,5 +96,9 @@ COMMENT ON TABLE pgqueue.dedup_keys IS
     'unique-job keys taken, per queue, and until when a finished message keeps its key';
 COMMENT ON TABLE pgqueue.worker_state IS
     'one row: the counters behind pgqueue.worker_stats, written at every tick';
+COMMENT ON TABLE pgqueue.queue_minutes IS
+    'per queue and minute: messages sent, completed, dead-lettered, retried, and the depths then';
+COMMENT ON TABLE pgqueue.audit_log IS
+    'operators'' actions recorded by pgq_audit: when, which role, which console user, what';
 COMMENT ON TABLE pgqueue.prune_state IS
     'queues whose pruning backs off after being blocked or skipped';

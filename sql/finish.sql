@@ -171,6 +171,21 @@ BEGIN
 END
 $$;
 
+-- Deletes dead letters for good: all of the queue's, or the given ids. Returns how many.
+CREATE FUNCTION pgqueue.pgq_delete_dead(queue text, msg_ids bigint[] DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    q pgqueue.queues := pgqueue._queue(queue);
+    deleted bigint;
+BEGIN
+    DELETE FROM pgqueue.history h
+     WHERE h.queue = q.queue AND h.outcome = 'dead' AND (msg_ids IS NULL OR h.msg_id = ANY (msg_ids));
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$$;
+
 -- Dead letters back to claimable with a fresh attempt count: all of the queue's, or the
 -- given ids. Returns how many came back.
 CREATE FUNCTION pgqueue.pgq_redrive(queue text, msg_ids bigint[] DEFAULT NULL) RETURNS bigint

@@ -346,6 +346,45 @@ BEGIN ATOMIC
         missed_runs = missed_runs + coalesce((counts->>'missed_runs')::bigint, 0),
         schedule_errors = schedule_errors + coalesce((counts->>'schedule_errors')::bigint, 0),
         keys_expired = keys_expired + coalesce((counts->>'keys_expired')::bigint, 0),
+        rollup_failures = rollup_failures + coalesce((counts->>'rollup_failures')::bigint, 0),
         last_error = coalesce(counts->>'error', last_error),
         last_error_at = CASE WHEN counts ? 'error' THEN now() ELSE last_error_at END;
 END;
+
+-- The rollup runs at the first tick of each minute (src/tick.rs).
+CREATE FUNCTION pgqueue._rollup_due() RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT w.last_rollup_at IS NULL OR date_trunc('minute', w.last_rollup_at) < date_trunc('minute', now())
+          FROM pgqueue.worker_state w);
+
+-- Adds the counts drained from the shared state (`counts`: [{queue, sent, completed, dead,
+-- retried, ready, delayed, claimed}]) to the minute that just ended, and deletes rollups
+-- older than `retention` (zero: keep none). Queues dropped meanwhile are left out. Returns
+-- the rows written.
+CREATE FUNCTION pgqueue._roll_up(counts jsonb, retention interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    written bigint := 0;
+BEGIN
+    IF retention > interval '0' THEN
+        INSERT INTO pgqueue.queue_minutes AS qm (queue, minute, sent, completed, dead, retried, ready, delayed, claimed)
+        SELECT c.queue, date_trunc('minute', now()) - interval '1 minute',
+               coalesce(c.sent, 0), coalesce(c.completed, 0), coalesce(c.dead, 0), coalesce(c.retried, 0),
+               c.ready, c.delayed, c.claimed
+          FROM jsonb_to_recordset(counts) AS c(queue text, sent bigint, completed bigint, dead bigint,
+                                               retried bigint, ready bigint, delayed bigint, claimed bigint)
+          JOIN pgqueue.queues q ON q.queue = c.queue
+        ON CONFLICT (queue, minute) DO UPDATE
+           SET sent = qm.sent + excluded.sent, completed = qm.completed + excluded.completed,
+               dead = qm.dead + excluded.dead, retried = qm.retried + excluded.retried,
+               ready = coalesce(excluded.ready, qm.ready), delayed = coalesce(excluded.delayed, qm.delayed),
+               claimed = coalesce(excluded.claimed, qm.claimed);
+        GET DIAGNOSTICS written = ROW_COUNT;
+    END IF;
+    -- Per queue, through the primary key: only the expired rows are read.
+    DELETE FROM pgqueue.queue_minutes qm
+     WHERE qm.queue = ANY (ARRAY(SELECT q.queue FROM pgqueue.queues q)) AND qm.minute < now() - retention;
+    UPDATE pgqueue.worker_state SET last_rollup_at = now();
+    RETURN written;
+END
+$$;

@@ -28,6 +28,9 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_pause_queue(text),
     pgqueue.pgq_resume_queue(text),
     pgqueue.pgq_redrive(text, bigint[]),
+    pgqueue.pgq_delete_dead(text, bigint[]),
+    pgqueue.pgq_run_schedule(text),
+    pgqueue.pgq_audit(text, text, jsonb, text),
     pgqueue.pgq_rearm(integer, text),
     pgqueue.pgq_prune(text),
     pgqueue.pgq_tick(),
@@ -37,8 +40,10 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_resume_schedule(text)
 TO pgqueue_admin;
 GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats, pgqueue.queue_depth, pgqueue.shared_state,
-    pgqueue.schedule_stats
+    pgqueue.schedule_stats, pgqueue.queue_minutes, pgqueue.audit_log, pgqueue.queues
     TO pgqueue_admin, pg_monitor;
+-- Payloads are the applications' data: readable by admins, and by whom they grant it to.
+GRANT SELECT ON pgqueue.jobs TO pgqueue_admin;
 GRANT EXECUTE ON FUNCTION pgqueue._queue_depth(), pgqueue._shared_state(), pgqueue._local_time(timestamptz, text)
     TO pgqueue_admin, pg_monitor;
 

@@ -7,25 +7,29 @@ CREATE FUNCTION pgqueue._history_table(queue text) RETURNS text
 LANGUAGE sql IMMUTABLE
 RETURN 'history_' || queue;
 
--- Indexes one leaf partition of a queue's history, for pgq_redrive's lookups of dead
--- letters. Every leaf gets it when it is created, before it is attached, so pgq_prune can
--- take a leaf without it for a restore still under way (pg_dump creates indexes last).
--- The name is the leaf's plus "_dead": at most 62 characters, and unique as the leaf's is.
+-- Indexes one leaf partition of a queue's history: its dead letters, for pgq_redrive and
+-- pgq_delete_dead, and (since 0.12.0) its msg_ids as a BRIN index, for finding a job by id
+-- (history is written in about msg_id order; a BRIN index costs an insert almost nothing).
+-- Every leaf gets them when it is created, before it is attached, so pgq_prune can take a
+-- leaf without both for a restore still under way (pg_dump creates indexes last). The names
+-- are the leaf's plus "_dead" and "_ids": at most 62 characters, and unique as the leaf's is.
 CREATE FUNCTION pgqueue._index_history_part(part text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     EXECUTE pg_catalog.format('CREATE INDEX %I ON pgqueue.%I (msg_id) WHERE outcome = %L',
         part || '_dead', part, 'dead');
+    EXECUTE pg_catalog.format('CREATE INDEX %I ON pgqueue.%I USING brin (msg_id)', part || '_ids', part);
 END
 $$;
 
--- The first leaf partition of a queue's history (`parent`) that has no index, if any: a
--- restore is still building that history (pg_dump creates indexes last) and may yet load
--- rows into, or index, any of its partitions, so the worker neither adds nor drops one.
+-- The first leaf partition of a queue's history (`parent`) that lacks one of its two
+-- indexes, if any: a restore is still building that history (pg_dump creates indexes last)
+-- and may yet load rows into, or index, any of its partitions, so the worker neither adds
+-- nor drops one.
 CREATE FUNCTION pgqueue._unindexed_history_part(parent regclass) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT c.relname::text FROM pg_partition_tree(parent) t JOIN pg_class c ON c.oid = t.relid
-         WHERE t.isleaf AND NOT EXISTS (SELECT FROM pg_index i WHERE i.indrelid = t.relid)
+         WHERE t.isleaf AND (SELECT count(*) FROM pg_index i WHERE i.indrelid = t.relid) < 2
          ORDER BY 1 LIMIT 1);
 
 -- Creates the day partition of a queue's history that holds `day` (a UTC day), unless it

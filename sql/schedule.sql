@@ -122,6 +122,16 @@ BEGIN ATOMIC
     SELECT pgqueue._set_schedule_paused(name, false);
 END;
 
+-- Enqueues one run of a schedule now, whatever its next run (unchanged) and even if paused;
+-- its slot is the current second, so a second call within that second returns the same
+-- message. Returns the msg_id.
+CREATE FUNCTION pgqueue.pgq_run_schedule(name text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN pgqueue._fire(pgqueue._schedule(name), date_trunc('second', now()), NULL);
+END
+$$;
+
 -- One run of a schedule, for `slot`: the schedule's message, with headers naming the schedule
 -- and the slot (UTC, ISO 8601), plus missed_runs for a catch-up run. The key schedule:name@slot
 -- keeps a slot from being enqueued twice while its message waits or runs; a key someone else

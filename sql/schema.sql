@@ -130,12 +130,43 @@ CREATE TABLE pgqueue.history (
     last_error  text
 ) PARTITION BY LIST (queue);
 
+-- Per-queue counts by minute, for charts (the console, exporters, SQL): what commits sent,
+-- completed, dead-lettered and retried (nacked or re-armed), and the depth by state when the
+-- worker recorded them. Written once a minute by the worker's rollup step (src/rollup.rs says
+-- what the counts can miss); kept for pgqueue.rollup_retention.
+CREATE TABLE pgqueue.queue_minutes (
+    queue     text NOT NULL REFERENCES pgqueue.queues ON DELETE CASCADE,
+    minute    timestamptz NOT NULL,
+    sent      bigint NOT NULL DEFAULT 0,
+    completed bigint NOT NULL DEFAULT 0,
+    dead      bigint NOT NULL DEFAULT 0,
+    retried   bigint NOT NULL DEFAULT 0,
+    ready     bigint,  -- depths: NULL where the shared state did not know them
+    delayed   bigint,
+    claimed   bigint,
+    PRIMARY KEY (queue, minute)
+);
+
+-- What operators did through a console (pgqueue.pgq_audit): who, what, when.
+CREATE TABLE pgqueue.audit_log (
+    action_id    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at           timestamptz NOT NULL DEFAULT now(),
+    db_role      text NOT NULL,   -- the session's role
+    console_user text,            -- the person the console authenticated, if it did
+    action       text NOT NULL,
+    target       text,
+    detail       jsonb
+);
+
 -- Queue data is user data: pg_dump keeps it.
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.queues', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages_msg_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.dedup_keys', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.schedules', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.queue_minutes', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.audit_log', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.audit_log_action_id_seq', '');
 
 -- Prune backoff: queues whose pruning was blocked or skipped repeatedly wait a while.
 CREATE TABLE pgqueue.prune_state (
@@ -184,6 +215,8 @@ CREATE TABLE pgqueue.worker_state (
     scheduled_runs       bigint NOT NULL DEFAULT 0, -- runs enqueued by schedules
     missed_runs          bigint NOT NULL DEFAULT 0, -- slots passed over (see pgq_schedule's missed)
     schedule_errors      bigint NOT NULL DEFAULT 0, -- runs whose enqueue failed
-    keys_expired         bigint NOT NULL DEFAULT 0  -- dedup keys deleted after their hold
+    keys_expired         bigint NOT NULL DEFAULT 0, -- dedup keys deleted after their hold
+    rollup_failures      bigint NOT NULL DEFAULT 0,
+    last_rollup_at       timestamptz                -- the rollup step's last record
 );
 INSERT INTO pgqueue.worker_state DEFAULT VALUES;

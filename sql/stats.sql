@@ -21,6 +21,18 @@ SELECT q.queue,
          FROM pgqueue.messages m
         WHERE m.queue = q.queue) c;
 
+-- Every message, waiting, claimed or finished: one place to look a job up (by msg_id, which
+-- both halves index, or through pgqueue.dedup_keys by unique key). Claim tokens are left out:
+-- who can read this view cannot act for a consumer.
+CREATE VIEW pgqueue.jobs AS
+SELECT m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at, m.visible_at,
+       m.claimed_at, m.consumer, m.lease_expires_at, NULL::timestamptz AS finished_at, m.last_error, m.dedup_key
+  FROM pgqueue.messages m
+ UNION ALL
+SELECT h.msg_id, h.queue, h.outcome, h.priority, h.attempt, h.payload, h.headers, h.enqueued_at, NULL, NULL,
+       NULL, NULL, h.finished_at, h.last_error, NULL
+  FROM pgqueue.history h;
+
 -- The worker's counters in this database (monotonic; see the README for what to alert on).
 CREATE VIEW pgqueue.worker_stats AS
 SELECT current_database() AS database,
@@ -32,7 +44,8 @@ SELECT current_database() AS database,
        w.partitions_created, w.prune_pruned, w.prune_noop, w.prune_blocked,
        w.prune_skipped_active, w.prune_backed_off, w.prune_error, w.pruned_rows,
        w.last_error, w.last_error_at, w.reconcile_failures, w.hint_corrections,
-       w.schedule_failures, w.keys_failures, w.scheduled_runs, w.missed_runs, w.schedule_errors, w.keys_expired
+       w.schedule_failures, w.keys_failures, w.scheduled_runs, w.missed_runs, w.schedule_errors, w.keys_expired,
+       w.rollup_failures, w.last_rollup_at
   FROM pgqueue.worker_state w;
 
 -- Every schedule: when it runs next, its last run (the slot) and how late that was enqueued,

@@ -32,7 +32,7 @@ static TO_HISTORY: Statement = Statement {
                  FROM gone g
                RETURNING history.msg_id
            ), noted AS (
-               SELECT pgqueue._note(g.queue, count(*), g.state, NULL) FROM gone g GROUP BY g.queue, g.state
+               SELECT pgqueue._note(g.queue, count(*), g.state, $3) FROM gone g GROUP BY g.queue, g.state
            )
            SELECT k.msg_id FROM kept k, (SELECT count(*) FROM noted) n ORDER BY k.msg_id",
     args: &[INT8ARRAYOID, UUIDARRAYOID, TEXTOID, TEXTOID],

@@ -16,6 +16,7 @@ pub static RESCUE_PASS_MAX_ROWS: GucSetting<i32> = GucSetting::<i32>::new(100_00
 pub static PRUNE_LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10);
 pub static MAX_QUEUES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+pub static ROLLUP_RETENTION_MIN: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 60);
 
 fn int(
     name: &'static CStr,
@@ -106,6 +107,15 @@ pub fn init(preloading: bool) {
         (1, i32::MAX),
         Suset,
         GucFlags::UNIT_BYTE,
+    );
+    int(
+        c"pgqueue.rollup_retention",
+        c"How long the worker keeps per-queue minute rollups (pgqueue.queue_minutes).",
+        c"0: it records none and deletes those it has.",
+        &ROLLUP_RETENTION_MIN,
+        (0, 10 * 366 * 24 * 60),
+        Sighup,
+        GucFlags::UNIT_MIN,
     );
     GucRegistry::define_bool_guc(
         c"pgqueue.enabled",

@@ -23,6 +23,7 @@ mod partition_files;
 mod pending;
 mod queue_state;
 mod reconcile;
+mod rollup;
 mod schedule;
 mod sql_files;
 mod statement;
@@ -31,7 +32,7 @@ mod tick_counts;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.11.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.12.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -68,7 +69,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.11.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.12.0".into())));
     }
 
     /// `\df+`, `\dv+` and `\dt+` describe every public function, every view and every table

@@ -12,6 +12,7 @@
 //! claims under way, which a lowering would).
 
 use crate::queue_state::{self, DUE_NEVER, Key, State};
+use crate::rollup;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -39,6 +40,8 @@ pub struct Note {
     /// Messages made claimable (Sent, Readied) or claimed (Claimed).
     pub count: i64,
     pub depth: [i64; 3],
+    /// Sent, completed, dead, retried: added to the queue's rollup counters at commit.
+    pub events: rollup::Events,
     /// Earliest due time of delayed messages it adds.
     pub due: i64,
     /// Earliest lease end of messages it claimed or renewed.
@@ -67,6 +70,7 @@ impl Note {
             high: i64::MIN,
             count: 0,
             depth: [0; 3],
+            events: rollup::Events::default(),
             due: DUE_NEVER,
             expiry: i64::MAX,
             raised_due: false,
@@ -117,6 +121,7 @@ pub fn record(mut note: Note) {
             last.high = last.high.max(note.high);
             last.count += note.count;
             last.add_depth(&note.depth);
+            last.events.add(&note.events);
             last.due = last.due.min(note.due);
             last.expiry = last.expiry.min(note.expiry);
             last.raised_due |= note.raised_due;
@@ -269,6 +274,7 @@ fn finish(committed: bool) {
                     }
                     if let Some(entry) = table.entry(&note.key, false) {
                         entry.add_depth(&note.depth);
+                        entry.add_events(&note.events);
                     }
                 }
             }
@@ -298,6 +304,7 @@ fn finish(committed: bool) {
             }
             let Some(entry) = table.entry(&note.key, true) else { continue };
             entry.add_depth(&note.depth);
+            entry.add_events(&note.events);
             if note.makes_ready() {
                 let in_order =
                     note.kind == Kind::Sent && entry.ready_commits() == note.sequence && note.before < note.low;
@@ -337,7 +344,8 @@ fn apply_rollback(notes: &[Note]) {
 }
 
 /// `n` messages of `queue` moved `from_state` → `to_state` ('ready', 'delayed', 'claimed';
-/// NULL: new from a send, or gone to history; 'history': back from it by a redrive), with
+/// NULL: new from a send; 'completed', 'dead' or NULL: gone to history; 'history': back from
+/// it by a redrive), with
 /// the lowest and highest msg_id of those made ready and, for delayed ones, the earliest due
 /// time. Applied when the transaction commits.
 #[pg_extern(volatile, parallel_unsafe)]
@@ -366,6 +374,7 @@ fn _note(
     };
     let mut note = Note::new(key, kind);
     note.moved(n, from, to);
+    note.events = rollup::Events::of_move(n, from_state, to_state);
     if kind != Kind::Other {
         note.priority = priority.unwrap_or(0);
         note.low = low.unwrap_or(i64::MAX);

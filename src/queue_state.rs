@@ -10,6 +10,7 @@
 //! from the start as they always did: slower under a pinned horizon, never wrong.
 
 use crate::guc;
+use crate::rollup;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::c_void;
@@ -116,6 +117,9 @@ pub struct Entry {
     /// sets them as a whole holds the exclusive lock.
     depth: [AtomicI64; 3],
     depth_known: bool,
+    /// Messages sent, completed, dead-lettered and retried (see `rollup::Events`) by commits
+    /// since the rollup last drained them: atomic adds under either lock, a swap to drain.
+    events: [AtomicI64; rollup::EVENTS],
     /// Waiting claims woken by a signal; hints the tick found too high (missed events).
     wakeups: i64,
     corrections: i64,
@@ -286,6 +290,7 @@ impl Locked {
             entry.floor_since.store(i64::MIN, Relaxed);
             entry.expiry_since.store(i64::MIN, Relaxed);
             entry.pass = 0;
+            entry.events.iter().for_each(|e| e.store(0, Relaxed));
             entry.reset();
             Some(entry)
         }
@@ -525,6 +530,18 @@ impl Entry {
         self.depth_known = true;
     }
 
+    /// Under either lock.
+    pub fn add_events(&self, events: &rollup::Events) {
+        for (e, n) in self.events.iter().zip(events.0).filter(|(_, n)| *n != 0) {
+            e.fetch_add(n, Relaxed);
+        }
+    }
+
+    /// What commits counted since the last drain, counted from zero again.
+    pub fn drain_events(&self) -> rollup::Events {
+        rollup::Events(std::array::from_fn(|i| self.events[i].swap(0, Relaxed)))
+    }
+
     /// (ready, delayed, claimed) when known, never negative.
     pub fn depth(&self) -> Option<[i64; 3]> {
         self.depth_known.then(|| std::array::from_fn(|i| self.depth[i].load(Relaxed).max(0)))
@@ -650,6 +667,24 @@ impl Locked {
         e.expiry_since.fetch_min(expiry, Relaxed);
         true
     }
+}
+
+/// This database's queues: their events since the last drain (counted from zero again) and
+/// their depth when known (for the rollup).
+pub fn drain_events() -> Vec<(String, rollup::Events, Option<[i64; 3]>)> {
+    // SAFETY: a plain read of this backend's database.
+    let db = unsafe { pg_sys::MyDatabaseId };
+    with_lock(false, |table| {
+        table
+            .entries()
+            .into_iter()
+            // SAFETY: entries from the scan, used under the lock (the drain is an atomic swap).
+            .map(|e| unsafe { &*e })
+            .filter(|e| e.db() == db && e.key().is_queue())
+            .map(|e| (e.key().queue(), e.drain_events(), e.depth()))
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// Forgets the queues of databases that were dropped (run by the launcher).

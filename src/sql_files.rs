@@ -1,6 +1,6 @@
 //! The extension's SQL, in the order it is installed: the schema (tables, indexes, roles),
-//! the argument checks every API function shares, one file per API family, the metrics
-//! views, their descriptions (COMMENT ON), and finally the privileges. Upgrade scripts are in
+//! the argument checks every API function shares, one file per API family (the operators'
+//! audit last), the metrics views, their descriptions (COMMENT ON), and finally the privileges. Upgrade scripts are in
 //! `sql/upgrade/`, earlier releases' full scripts in `sql/install/` (scripts/install.sh).
 
 pgrx::extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
@@ -11,10 +11,11 @@ pgrx::extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["send"
 pgrx::extension_sql_file!("../sql/finish.sql", name = "finish", requires = ["claim"]);
 pgrx::extension_sql_file!("../sql/schedule.sql", name = "schedule", requires = ["finish"]);
 pgrx::extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["schedule"]);
+pgrx::extension_sql_file!("../sql/audit.sql", name = "audit", requires = ["maintenance"]);
 pgrx::extension_sql_file!(
     "../sql/stats.sql",
     name = "stats",
-    requires = ["maintenance", reconcile::_queue_depth, queue_state::_shared_state, schedule::_local_time]
+    requires = ["audit", reconcile::_queue_depth, queue_state::_shared_state, schedule::_local_time]
 );
 pgrx::extension_sql_file!(
     "../sql/comments.sql",

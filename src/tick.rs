@@ -6,6 +6,7 @@
 use crate::bracket::Bracket;
 use crate::guc;
 use crate::queue_state;
+use crate::rollup;
 use crate::tick_counts;
 use pgrx::JsonB;
 use pgrx::prelude::*;
@@ -77,6 +78,9 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     }
     if plan.all_steps && level >= SQL_SCHEDULES {
         expire_keys(bracket, &mut out);
+    }
+    if plan.all_steps && level >= SQL_ROLLUPS {
+        roll_up(bracket, &mut out);
     }
     let mut pruned = false;
     if prune_now {
@@ -234,6 +238,53 @@ fn expire_keys(bracket: Bracket, out: &mut Outcome) {
     }
 }
 
+/// At the first tick of each minute: the events commits counted in shared memory, and the
+/// depths, into the minute just ended (`pgqueue._roll_up`). What a failed record drained is
+/// carried to the next one (src/rollup.rs).
+fn roll_up(bracket: Bracket, out: &mut Outcome) {
+    thread_local! {
+        static CARRY: std::cell::RefCell<rollup::Carry> = std::cell::RefCell::new(rollup::Carry::default());
+    }
+    let due = step(bracket, out, "rollup", || {
+        Spi::get_one::<bool>("SELECT pgqueue._rollup_due()").unwrap_or_else(|e| error!("{e}")).unwrap_or(false)
+    });
+    if due != Some(true) {
+        return;
+    }
+    let rows = CARRY.with_borrow_mut(|carry| {
+        let mut rows: Vec<Value> = vec![];
+        let mut depths = std::collections::BTreeMap::new();
+        for (queue, events, depth) in queue_state::drain_events() {
+            carry.add(&queue, events);
+            if let Some(depth) = depth.filter(|d| d.iter().any(|&n| n != 0)) {
+                depths.insert(queue, depth);
+            }
+        }
+        let queues: std::collections::BTreeSet<&String> = carry.queues().chain(depths.keys()).collect();
+        for queue in queues {
+            let e = carry.get(queue).0;
+            let d = depths.get(queue);
+            rows.push(json!({
+                "queue": queue, "sent": e[rollup::SENT], "completed": e[rollup::COMPLETED],
+                "dead": e[rollup::DEAD], "retried": e[rollup::RETRIED],
+                "ready": d.map(|d| d[0]), "delayed": d.map(|d| d[1]), "claimed": d.map(|d| d[2]),
+            }));
+        }
+        rows
+    });
+    let retention = format!("{} minutes", guc::ROLLUP_RETENTION_MIN.get());
+    let counts = JsonB(Value::Array(rows));
+    let written = step(bracket, out, "rollup", move || {
+        Spi::get_one_with_args::<i64>("SELECT pgqueue._roll_up($1, $2::interval)", &[counts.into(), retention.into()])
+            .unwrap_or_else(|e| error!("{e}"))
+            .unwrap_or(0)
+    });
+    if let Some(n) = written {
+        CARRY.with_borrow_mut(rollup::Carry::recorded);
+        out.add("rollup_rows", n);
+    }
+}
+
 fn prune_due(bracket: Bracket, out: &mut Outcome) -> bool {
     let interval = guc::prune_interval().as_secs_f64();
     step(bracket, out, "prune", || {
@@ -302,18 +353,21 @@ fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
 
 /// Which release's SQL this database runs: until ALTER EXTENSION UPDATE, this library may
 /// run an earlier release's, whose commits announce nothing to the shared state (before
-/// 0.3.0) and which has no schedules (before 0.4.0). Known by the functions it has.
+/// 0.3.0), which has no schedules (before 0.4.0) and no rollups (before 0.12.0). Known by
+/// the functions it has.
 const SQL_SHARED_STATE: u8 = 3;
 const SQL_SCHEDULES: u8 = 4;
+const SQL_ROLLUPS: u8 = 5;
 
 fn sql_level(bracket: Bracket, out: &mut Outcome) -> u8 {
     thread_local! {
         static LEVEL: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
     }
-    if LEVEL.get() < SQL_SCHEDULES {
+    if LEVEL.get() < SQL_ROLLUPS {
         let level = step(bracket, out, "rearm", || {
             Spi::get_one::<i32>(
-                "SELECT CASE WHEN to_regprocedure('pgqueue._fire_schedules(integer, timestamptz)') IS NOT NULL THEN 4
+                "SELECT CASE WHEN to_regprocedure('pgqueue._roll_up(jsonb, interval)') IS NOT NULL THEN 5
+                             WHEN to_regprocedure('pgqueue._fire_schedules(integer, timestamptz)') IS NOT NULL THEN 4
                              WHEN to_regprocedure('pgqueue._claimable(text, smallint[])') IS NOT NULL THEN 3
                              ELSE 0 END",
             )

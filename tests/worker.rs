@@ -554,3 +554,94 @@ fn what_follows_a_rollback_to_savepoint_is_announced_at_commit() {
     assert!(waited < Duration::from_secs(25), "woken at the commit, not at its deadline ({waited:?})");
     assert_eq!(depth(&mut c, "sp_send"), (Some(0), Some(1)));
 }
+
+/// The rollup of the minute that just ended, forced: the next `pgq_tick()` records it.
+fn roll_up(c: &mut Client) -> Vec<String> {
+    c.batch_execute("UPDATE pgqueue.worker_state SET last_rollup_at = now() - interval '1 minute'").unwrap();
+    c.query("SELECT step || ': ' || error FROM pgqueue.pgq_tick()", &[]).unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+/// (sent, completed, dead, retried) summed over a queue's rollups, and (ready, delayed,
+/// claimed) of its latest.
+type Rolled = ((i64, i64, i64, i64), Option<(i64, i64, i64)>);
+
+fn rolled_up(c: &mut Client, q: &str) -> Rolled {
+    let sums = c
+        .query_one(
+            "SELECT coalesce(sum(sent), 0)::bigint, coalesce(sum(completed), 0)::bigint,
+                    coalesce(sum(dead), 0)::bigint, coalesce(sum(retried), 0)::bigint
+               FROM pgqueue.queue_minutes WHERE queue = $1",
+            &[&q],
+        )
+        .unwrap();
+    let depth = c
+        .query_opt(
+            "SELECT ready, delayed, claimed FROM pgqueue.queue_minutes WHERE queue = $1 ORDER BY minute DESC LIMIT 1",
+            &[&q],
+        )
+        .unwrap()
+        .map(|r| (r.get(0), r.get(1), r.get(2)));
+    ((sums.get(0), sums.get(1), sums.get(2), sums.get(3)), depth)
+}
+
+/// Minute rollups count what commits did (a rolled-back send or claim counts nothing), with
+/// the depths when recorded; a record that fails keeps its counts for the next one, which
+/// adds them; rollups past pgqueue.rollup_retention are deleted, and a dropped queue's with it.
+#[test]
+fn minute_rollups_count_what_commits_did_and_lose_nothing_when_a_record_fails() {
+    let _serial = serial();
+    let server = Server::with_pgqueue(&["pgqueue.enabled = off"]);
+    let mut c = server.connect("postgres");
+    c.batch_execute(
+        "SELECT pgqueue.pgq_create_queue('r', max_attempts => 3);
+         SELECT pgqueue.pgq_send_batch('r', ARRAY['{}', '{}', '{}']::jsonb[]);
+         SELECT pgqueue.pgq_send('r', '{}');
+         SELECT pgqueue.pgq_send('r', '{}');
+         SELECT pgqueue.pgq_send('r', '{}', delay => '1 hour');
+         BEGIN; SELECT pgqueue.pgq_send_batch('r', ARRAY['{}', '{}']::jsonb[]); ROLLBACK;
+         BEGIN; SELECT count(*) FROM pgqueue.pgq_claim('r', 5); ROLLBACK;",
+    )
+    .unwrap();
+    let claimed = common::claim(&mut c, "r", 3, None);
+    assert!(common::ack(&mut c, &claimed[0]));
+    let (fail, nack) = (claimed[1].held(), claimed[2].held());
+    c.execute("SELECT pgqueue.pgq_fail($1, $2)", &[&fail.0, &fail.1]).unwrap();
+    c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0')", &[&nack.0, &nack.1]).unwrap();
+    assert_eq!(roll_up(&mut c), Vec::<String>::new());
+    // Six sent (one delayed), one completed, one dead, one retried; three ready again.
+    assert_eq!(rolled_up(&mut c, "r"), ((6, 1, 1, 1), Some((3, 1, 0))));
+    let failures = stat(&mut c, "rollup_failures");
+
+    // Not due again within the minute: a tick adds nothing.
+    send(&mut c, "r", json!({}));
+    c.batch_execute("SELECT pgqueue.pgq_tick()").unwrap();
+    assert_eq!(rolled_up(&mut c, "r").0, (6, 1, 1, 1));
+
+    // A record that fails (a constraint refuses its rows) keeps what it drained ...
+    c.batch_execute("ALTER TABLE pgqueue.queue_minutes ADD CONSTRAINT refuse CHECK (sent < 0) NOT VALID").unwrap();
+    send(&mut c, "r", json!({}));
+    let failed = roll_up(&mut c);
+    assert!(failed.len() == 1 && failed[0].starts_with("rollup: "), "{failed:?}");
+    assert_eq!(stat(&mut c, "rollup_failures"), failures + 1);
+    // ... for the next, which records it with its own.
+    c.batch_execute("ALTER TABLE pgqueue.queue_minutes DROP CONSTRAINT refuse").unwrap();
+    send(&mut c, "r", json!({}));
+    assert_eq!(roll_up(&mut c), Vec::<String>::new());
+    assert_eq!(rolled_up(&mut c, "r"), ((9, 1, 1, 1), Some((6, 1, 0))));
+
+    // Retention: a rollup older than the setting goes at the next record.
+    c.batch_execute(
+        "INSERT INTO pgqueue.queue_minutes (queue, minute, sent) VALUES ('r', now() - interval '3 hours', 100);
+         ALTER SYSTEM SET pgqueue.rollup_retention = '2h'; SELECT pg_reload_conf();",
+    )
+    .unwrap();
+    wait_for("the new retention", LIMIT, || {
+        let r: String = c.query_one("SHOW pgqueue.rollup_retention", &[]).unwrap().get(0);
+        (r == "2h").then_some(())
+    });
+    assert_eq!(roll_up(&mut c), Vec::<String>::new());
+    assert_eq!(rolled_up(&mut c, "r").0, (9, 1, 1, 1));
+    c.batch_execute("SELECT pgqueue.pgq_drop_queue('r', force => true)").unwrap();
+    let left: i64 = c.query_one("SELECT count(*) FROM pgqueue.queue_minutes", &[]).unwrap().get(0);
+    assert_eq!(left, 0, "a dropped queue's rollups go with it");
+}

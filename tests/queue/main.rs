@@ -13,3 +13,4 @@ mod ack_claim;
 mod api;
 mod concurrency;
 mod maintenance;
+mod operators;

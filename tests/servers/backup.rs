@@ -2,7 +2,8 @@
 //! server — plain format through psql with ON_ERROR_STOP, custom format through pg_restore
 //! --exit-on-error, also with --jobs 2 — with everything pgqueue created: queues and their
 //! settings, messages in every state, history in its day partitions, the msg_id sequence,
-//! privileges granted to application roles, schedules and unique-job keys; and the worker
+//! privileges granted to application roles, schedules and unique-job keys, minute rollups and
+//! the audit log; and the worker
 //! runs there afterwards, firing schedules.
 //!
 //! The restored schema and data are compared with the source's own dumps, so an object that
@@ -129,6 +130,14 @@ fn fill(c: &mut Client) -> Source {
     let mut consumer = connect_to(&db);
     let bound = claim_session_bound(&mut consumer, "jobs");
     let keys = fill_schedules_and_keys(&mut s);
+    // What 0.12.0 adds: a minute rollup (its foreign key makes the restore load queues
+    // first) and an operator's recorded action.
+    s.batch_execute(
+        "INSERT INTO pgqueue.queue_minutes (queue, minute, sent, completed, ready)
+         VALUES ('jobs', date_trunc('minute', now()) - interval '5 minutes', 7, 5, 2);
+         SELECT pgqueue.pgq_audit('redrive', 'jobs', '{\"msg_ids\": [1]}', console_user => 'alice');",
+    )
+    .unwrap();
     let last_id: i64 = s.query_one("SELECT last_value FROM pgqueue.messages_msg_id_seq", &[]).unwrap().get(0);
     let (schedules, dedup_keys) = (rows(&mut s, "schedules", "name"), rows(&mut s, "dedup_keys", "queue, dedup_key"));
     assert_eq!((schedules.len(), dedup_keys.len()), (2, 4), "the source has its schedules and keys");

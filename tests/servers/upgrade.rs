@@ -55,7 +55,8 @@ fn rows(c: &mut Client) -> Vec<String> {
         "SELECT json_agg(t ORDER BY queue)::text FROM pgqueue.prune_state t",
         // Columns added by later releases are left out (they start at their defaults).
         "SELECT json_agg(to_jsonb(t) - ARRAY['reconcile_failures', 'hint_corrections', 'schedule_failures',
-                'keys_failures', 'scheduled_runs', 'missed_runs', 'schedule_errors', 'keys_expired'])::text
+                'keys_failures', 'scheduled_runs', 'missed_runs', 'schedule_errors', 'keys_expired',
+                'rollup_failures', 'last_rollup_at'])::text
            FROM pgqueue.worker_state t",
         "SELECT last_value::text FROM pgqueue.messages_msg_id_seq",
     ]
@@ -158,6 +159,12 @@ fn alter_extension_update_from_0_9_0_equals_a_fresh_install() {
 fn alter_extension_update_from_0_10_0_equals_a_fresh_install() {
     let _turn = common::file_turn(file!());
     update_from("0.10.0");
+}
+
+#[test]
+fn alter_extension_update_from_0_11_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
+    update_from("0.11.0");
 }
 
 /// Updates quiet the workers of the whole cluster for a while: one at a time.
