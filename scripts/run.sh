@@ -94,10 +94,25 @@ printf 'message claimable again after %.1f s (its lease had 5 minutes left)\n' "
 "${psql_cmd[@]}" -c "SELECT ticks, rearmed, orphans_expired, promoted, tick_failures, since_last_tick FROM pgqueue.worker_stats"
 wait 2>/dev/null || true
 
+say "the operator console (docs/console.md)"
+cargo build -p pgqueue-console --quiet
+console_port=8080
+while (: >"/dev/tcp/127.0.0.1/$console_port") 2>/dev/null; do console_port=$((console_port + 1)); done
+# Loopback only, so it needs no password; it runs until stopped, like the server.
+nohup "$CARGO_TARGET_DIR/debug/pgqueue-console" --listen "127.0.0.1:$console_port" \
+    --dsn "host=127.0.0.1 port=$port user=postgres dbname=postgres" >"$datadir/console.log" 2>&1 &
+echo $! >"$datadir/console.pid"
+for _ in $(seq 1 50); do
+    curl -fsS -o /dev/null "http://127.0.0.1:$console_port/" 2>/dev/null && break
+    sleep 0.2
+done
+curl -fsS -o /dev/null "http://127.0.0.1:$console_port/" || { echo "the console did not start; see $datadir/console.log" >&2; exit 1; }
+
 say "pgqueue is running"
 cat <<TXT
+  console:  http://127.0.0.1:$console_port/   (log: $datadir/console.log)
   connect:  sudo -u postgres $bindir/psql -h $datadir -p $port postgres
             (or: psql "host=127.0.0.1 port=$port user=postgres dbname=postgres")
   log:      $datadir/server.log
-  stop:     sudo -u postgres $bindir/pg_ctl -D $datadir/data stop && rm -rf $datadir
+  stop:     kill \$(cat $datadir/console.pid); sudo -u postgres $bindir/pg_ctl -D $datadir/data stop && rm -rf $datadir
 TXT

@@ -15,7 +15,9 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 debs=(sudo bison flex libclang-dev clang pkg-config make gcc libreadline-dev zlib1g-dev
       libssl-dev libicu-dev ca-certificates curl bzip2 fonts-dejavu-core postgresql-15 postgresql-server-dev-15
       # clients, examples and what they are tested with (clients/, examples/, monitoring/)
-      python3 python3-venv golang-go golang-github-lib-pq-dev pgbouncer prometheus-postgres-exporter prometheus)
+      python3 python3-venv golang-go golang-github-lib-pq-dev pgbouncer prometheus-postgres-exporter prometheus
+      # the console's browser tests drive Debian's Chromium (console/tests)
+      chromium)
 missing=()
 for p in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -130,6 +132,12 @@ if [ -f "$pyproject" ]; then
         "$PGQUEUE_VENV/bin/pip" install -q --upgrade pip
         "$PGQUEUE_VENV/bin/pip" install -q "$here/../clients/python[test]" -r "$cron_requirements"
         echo "$want_sum" >"$stamp"
+    fi
+    # The console's browser tests (console/tests): pytest and Playwright for Python, which
+    # drives /usr/bin/chromium; its wheel carries its driver, and no browser is downloaded.
+    if ! "$PGQUEUE_VENV/bin/python" -c 'import playwright, pytest' 2>/dev/null; then
+        log "Playwright and pytest for the console's browser tests"
+        "$PGQUEUE_VENV/bin/pip" install -q playwright pytest
     fi
 fi
 

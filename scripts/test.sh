@@ -21,6 +21,12 @@ versions=("$@")
 logdir=$(mktemp -d /tmp/pgqueue-test-logs.XXXX)
 declare -A passed failed status
 total_passed=0 total_failed=0 rc=0
+
+# The console's own tests (units and its binary; no server): once, not per major. Its
+# browser tests run with the others, in tests/clients/console.rs.
+echo "=== the console's unit tests ==="
+console=ok
+if ! cargo test -p pgqueue-console --quiet 2>&1 | tee "$logdir/console.log"; then console=FAILED rc=1; fi
 for v in "${versions[@]}"; do
     echo "=== PostgreSQL $v ==="
     pgdata="/tmp/pgqueue-test-pg$v-$$"
@@ -43,5 +49,6 @@ for v in "${versions[@]}"; do
     [ "${passed[$v]}" = 0 ] && verdict="FAILED (no test ran)"
     printf 'PostgreSQL %s: %3d passed, %d failed  %s\n' "$v" "${passed[$v]}" "${failed[$v]}" "$verdict"
 done
+echo "console unit tests: $console"
 echo "total: $total_passed passed, $total_failed failed"
 exit $rc

@@ -597,11 +597,12 @@ fn minute_rollups_count_what_commits_did_and_lose_nothing_when_a_record_fails() 
          SELECT pgqueue.pgq_send_batch('r', ARRAY['{}', '{}', '{}']::jsonb[]);
          SELECT pgqueue.pgq_send('r', '{}');
          SELECT pgqueue.pgq_send('r', '{}');
-         SELECT pgqueue.pgq_send('r', '{}', delay => '1 hour');
-         BEGIN; SELECT pgqueue.pgq_send_batch('r', ARRAY['{}', '{}']::jsonb[]); ROLLBACK;
-         BEGIN; SELECT count(*) FROM pgqueue.pgq_claim('r', 5); ROLLBACK;",
+         SELECT pgqueue.pgq_send('r', '{}', delay => '1 hour');",
     )
     .unwrap();
+    // (Each its own batch: a BEGIN inside a batch takes in the statements before it.)
+    c.batch_execute("BEGIN; SELECT pgqueue.pgq_send_batch('r', ARRAY['{}', '{}']::jsonb[]); ROLLBACK").unwrap();
+    c.batch_execute("BEGIN; SELECT count(*) FROM pgqueue.pgq_claim('r', 5); ROLLBACK").unwrap();
     let claimed = common::claim(&mut c, "r", 3, None);
     assert!(common::ack(&mut c, &claimed[0]));
     let (fail, nack) = (claimed[1].held(), claimed[2].held());
@@ -612,9 +613,12 @@ fn minute_rollups_count_what_commits_did_and_lose_nothing_when_a_record_fails() 
     assert_eq!(rolled_up(&mut c, "r"), ((6, 1, 1, 1), Some((3, 1, 0))));
     let failures = stat(&mut c, "rollup_failures");
 
-    // Not due again within the minute: a tick adds nothing.
+    // Not due again within the minute it last recorded: a tick adds nothing.
     send(&mut c, "r", json!({}));
-    c.batch_execute("SELECT pgqueue.pgq_tick()").unwrap();
+    c.batch_execute(
+        "BEGIN; UPDATE pgqueue.worker_state SET last_rollup_at = now(); SELECT pgqueue.pgq_tick(); COMMIT;",
+    )
+    .unwrap();
     assert_eq!(rolled_up(&mut c, "r").0, (6, 1, 1, 1));
 
     // A record that fails (a constraint refuses its rows) keeps what it drained ...
@@ -631,10 +635,11 @@ fn minute_rollups_count_what_commits_did_and_lose_nothing_when_a_record_fails() 
 
     // Retention: a rollup older than the setting goes at the next record.
     c.batch_execute(
-        "INSERT INTO pgqueue.queue_minutes (queue, minute, sent) VALUES ('r', now() - interval '3 hours', 100);
-         ALTER SYSTEM SET pgqueue.rollup_retention = '2h'; SELECT pg_reload_conf();",
+        "INSERT INTO pgqueue.queue_minutes (queue, minute, sent) VALUES ('r', now() - interval '3 hours', 100)",
     )
     .unwrap();
+    c.batch_execute("ALTER SYSTEM SET pgqueue.rollup_retention = '2h'").unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
     wait_for("the new retention", LIMIT, || {
         let r: String = c.query_one("SHOW pgqueue.rollup_retention", &[]).unwrap().get(0);
         (r == "2h").then_some(())

@@ -9,11 +9,17 @@
 -- 3. Every history leaf partition gets a BRIN index on msg_id (finding a finished job by id):
 --    each build takes a SHARE lock on its leaf only (acks into that leaf wait for it; a
 --    BRIN build reads the leaf once).
--- 4. pgqueue.queues is readable by pgqueue_admin and pg_monitor.
+-- 4. pgqueue.queues is readable by pgqueue_admin and pg_monitor, pgqueue.dedup_keys by
+--    pgqueue_admin (finding a job by its unique key).
 
+-- Added without a default, filled, then given it: so that the catalog matches a fresh
+-- install's (a default given to ADD COLUMN is kept as the column's "missing value").
 ALTER TABLE pgqueue.worker_state
-    ADD COLUMN rollup_failures bigint NOT NULL DEFAULT 0,
+    ADD COLUMN rollup_failures bigint,
     ADD COLUMN last_rollup_at timestamptz;
+UPDATE pgqueue.worker_state SET rollup_failures = 0;
+ALTER TABLE pgqueue.worker_state
+    ALTER COLUMN rollup_failures SET DEFAULT 0, ALTER COLUMN rollup_failures SET NOT NULL;
 
 -- Per-queue counts by minute, for charts (the console, exporters, SQL): what commits sent,
 -- completed, dead-lettered and retried (nacked or re-armed), and the depth by state when the
@@ -247,7 +253,7 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_audit(text, text, jsonb, text)
 TO pgqueue_admin;
 GRANT SELECT ON pgqueue.queue_minutes, pgqueue.audit_log, pgqueue.queues TO pgqueue_admin, pg_monitor;
-GRANT SELECT ON pgqueue.jobs TO pgqueue_admin;
+GRANT SELECT ON pgqueue.jobs, pgqueue.dedup_keys TO pgqueue_admin;
 
 COMMENT ON FUNCTION pgqueue.pgq_delete_dead(text, bigint[]) IS
     'delete a queue''s dead letters (all, or the given ids) for good; returns how many';

@@ -149,12 +149,13 @@ fn admins_act_monitors_only_read_counts() {
         "SELECT count(*) FROM pgqueue.queues".to_string(),
     ];
     let jobs = "SELECT count(*) FROM pgqueue.jobs".to_string();
+    let keys = "SELECT count(*) FROM pgqueue.dedup_keys".to_string();
     let acts = [
         format!("SELECT pgqueue.pgq_delete_dead('{q}')"),
         format!("SELECT pgqueue.pgq_audit('redrive', '{q}')"),
         "SELECT pgqueue.pgq_run_schedule('none_such')".to_string(),
     ];
-    for sql in reads.iter().chain([&jobs]) {
+    for sql in reads.iter().chain([&jobs, &keys]) {
         as_role(&mut c, "pgqueue_admin", sql).unwrap();
     }
     as_role(&mut c, "pgqueue_admin", &acts[0]).unwrap();
@@ -163,7 +164,7 @@ fn admins_act_monitors_only_read_counts() {
     for sql in &reads {
         as_role(&mut c, "pg_monitor", sql).unwrap();
     }
-    for sql in acts.iter().chain([&jobs]) {
+    for sql in acts.iter().chain([&jobs, &keys]) {
         assert_eq!(sqlstate(as_role(&mut c, "pg_monitor", sql)), "42501", "pg_monitor: {sql}");
     }
     for sql in [

@@ -1,0 +1,139 @@
+//! The operator console (console/) in a real browser: consoles started in-process on
+//! 127.0.0.1 — as a superuser, as a role with only pg_monitor, on a streaming standby, with
+//! --read-only, and one that requires a login —
+//! and console/tests/test_console.py (pytest + Playwright driving Debian's chromium) run
+//! against them. It writes the screenshots of docs/console.md into docs/images/. The virtual
+//! environment with Playwright and pytest is made by scripts/setup.sh.
+
+use crate::common;
+
+use common::server::Server;
+use pgqueue_console::{Config, ConfigError};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Tests in console/tests/test_console.py: pytest must report at least this many passed.
+const EXPECTED_PASSED: usize = 19;
+
+/// "… 19 passed …" in pytest's summary line.
+fn passed(output: &str) -> usize {
+    let summary = output.lines().rev().find(|l| l.contains(" passed")).unwrap_or("");
+    let words: Vec<&str> = summary.split_whitespace().collect();
+    words.windows(2).find(|w| w[1].trim_end_matches(',') == "passed").and_then(|w| w[0].parse().ok()).unwrap_or(0)
+}
+
+/// Starts a console of `config` on a free loopback port of `rt`; returns its URL.
+fn start(rt: &tokio::runtime::Runtime, config: Config) -> String {
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    rt.spawn(async move {
+        if let Err(e) = pgqueue_console::serve(config, listener).await {
+            panic!("the console stopped: {e}");
+        }
+    });
+    url
+}
+
+/// The password and token of the console that requires a login.
+const PASSWORD: &str = "correct horse battery staple";
+const TOKEN: &str = "a-token-for-the-browser-tests";
+
+#[test]
+fn console_in_a_browser() {
+    let _turn = common::file_turn(file!());
+    let primary = Server::with_pgqueue(&["pgqueue.tick_interval = '200ms'", "pgqueue.launcher_naptime = '200ms'"]);
+    primary
+        .connect("postgres")
+        .batch_execute(
+            "DROP ROLE IF EXISTS console_watcher;
+             CREATE ROLE console_watcher LOGIN IN ROLE pg_monitor;",
+        )
+        .unwrap();
+    let standby = Server::standby_of(&primary, &[]);
+    standby.start();
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let admin = start(&rt, Config::new(primary.dsn("postgres")));
+    let watcher = format!("host=127.0.0.1 port={} user=console_watcher dbname=postgres", primary.port);
+    let read_only = start(&rt, Config::new(watcher));
+    let on_standby = start(&rt, Config::new(standby.dsn("postgres")));
+    let forced = start(&rt, Config { read_only: true, ..Config::new(primary.dsn("postgres")) });
+    let hash = pgqueue_console::auth::hash_password(PASSWORD).unwrap();
+    let with_login = start(
+        &rt,
+        Config { password_hash: Some(hash), token: Some(TOKEN.into()), ..Config::new(primary.dsn("postgres")) },
+    );
+
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let venv = std::env::var("PGQUEUE_VENV").unwrap_or_else(|_| "/var/cache/pgqueue/venv".into());
+    let python = PathBuf::from(&venv).join("bin/python");
+    assert!(python.exists(), "{} is missing: run scripts/setup.sh", python.display());
+    let out = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "console/tests"])
+        .current_dir(&root)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PGQC_ADMIN_URL", &admin)
+        .env("PGQC_ADMIN_DSN", primary.dsn("postgres"))
+        .env("PGQC_READONLY_URL", &read_only)
+        .env("PGQC_STANDBY_URL", &on_standby)
+        .env("PGQC_STANDBY_DSN", standby.dsn("postgres"))
+        .env("PGQC_FORCED_URL", &forced)
+        .env("PGQC_LOGIN_URL", &with_login)
+        .env("PGQC_LOGIN_PASSWORD", PASSWORD)
+        .env("PGQC_LOGIN_TOKEN", TOKEN)
+        .env("PGQC_SCREENSHOTS", root.join("docs/images"))
+        .output()
+        .expect("run pytest");
+    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let n = passed(&output);
+    assert!(
+        out.status.success() && n >= EXPECTED_PASSED,
+        "pytest exited with {} and {n} passed (expected at least {EXPECTED_PASSED}):\n{output}\n--- server log ---\n{}",
+        out.status,
+        primary.log()
+    );
+    println!("{output}");
+    drop(rt);
+}
+
+#[test]
+fn a_non_loopback_listen_without_auth_is_refused() {
+    let _turn = common::file_turn(file!());
+    let exposed = Config { listen: "0.0.0.0:8080".parse().unwrap(), ..Config::new("host=127.0.0.1 dbname=postgres") };
+    assert_eq!(exposed.validate(), Err(ConfigError::ExposedWithoutAuth(exposed.listen)));
+    // serve() judges the address the listener really has, whatever the config says.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("0.0.0.0:0")).unwrap();
+    let refused = rt.block_on(pgqueue_console::serve(Config::new("host=127.0.0.1 dbname=postgres"), listener));
+    let message = refused.expect_err("serve refuses an exposed listener").to_string();
+    assert!(message.contains("refusing to listen on 0.0.0.0:"), "{message}");
+    let with_token = Config { token: Some("a-token-of-enough-length".into()), ..exposed };
+    assert_eq!(with_token.validate(), Ok(()));
+}
+
+/// The status and body of a GET (ureq answers an error status as an error).
+fn get(url: &str) -> (u16, String) {
+    match ureq::get(url).call() {
+        Ok(r) => (r.status(), r.into_string().unwrap()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+        Err(e) => panic!("GET {url}: {e}"),
+    }
+}
+
+#[test]
+fn the_console_says_the_database_is_away_and_recovers_by_itself() {
+    let _turn = common::file_turn(file!());
+    let server = Server::with_pgqueue(&[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = start(&rt, Config::new(server.dsn("postgres")));
+    assert_eq!(get(&url).0, 200);
+    server.stop();
+    let (status, body) = get(&url);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("database unavailable, retrying"), "{body}");
+    server.start();
+    // The pool drops the dead connections and makes new ones: no restart of the console.
+    common::wait_for("the console to answer again", std::time::Duration::from_secs(30), || {
+        (get(&url).0 == 200).then_some(())
+    });
+}
