@@ -15,13 +15,6 @@ use std::process::Command;
 /// Tests in console/tests/test_console.py: pytest must report at least this many passed.
 const EXPECTED_PASSED: usize = 19;
 
-/// "… 19 passed …" in pytest's summary line.
-fn passed(output: &str) -> usize {
-    let summary = output.lines().rev().find(|l| l.contains(" passed")).unwrap_or("");
-    let words: Vec<&str> = summary.split_whitespace().collect();
-    words.windows(2).find(|w| w[1].trim_end_matches(',') == "passed").and_then(|w| w[0].parse().ok()).unwrap_or(0)
-}
-
 /// Starts a console of `config` on a free loopback port of `rt`; returns its URL.
 fn start(rt: &tokio::runtime::Runtime, config: Config) -> String {
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -85,7 +78,7 @@ fn console_in_a_browser() {
         .output()
         .expect("run pytest");
     let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let n = passed(&output);
+    let n = common::pytest_passed(&output);
     assert!(
         out.status.success() && n >= EXPECTED_PASSED,
         "pytest exited with {} and {n} passed (expected at least {EXPECTED_PASSED}):\n{output}\n--- server log ---\n{}",

@@ -12,13 +12,6 @@ use std::process::Command;
 /// Tests in clients/python/tests: pytest must report at least this many passed.
 const EXPECTED_PASSED: usize = 24;
 
-/// "… 24 passed …" in pytest's summary line.
-fn passed(output: &str) -> usize {
-    let summary = output.lines().rev().find(|l| l.contains(" passed")).unwrap_or("");
-    let words: Vec<&str> = summary.split_whitespace().collect();
-    words.windows(2).find(|w| w[1].trim_end_matches(',') == "passed").and_then(|w| w[0].parse().ok()).unwrap_or(0)
-}
-
 #[test]
 fn python_client_tests_pass() {
     let _turn = common::file_turn(file!());
@@ -37,7 +30,7 @@ fn python_client_tests_pass() {
         .output()
         .expect("run pytest");
     let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let n = passed(&output);
+    let n = common::pytest_passed(&output);
     assert!(
         out.status.success() && n >= EXPECTED_PASSED,
         "pytest exited with {} and {n} passed (expected at least {EXPECTED_PASSED}):\n{output}\n--- server log ---\n{}",

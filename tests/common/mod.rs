@@ -123,6 +123,22 @@ pub fn unique_queue(prefix: &str) -> String {
     format!("{prefix}_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
+/// Runs `sql` as `user` with `role` granted for this call only (revoked after, whatever the
+/// result): what a role may do, without a login of its own.
+pub fn as_role(c: &mut Client, user: &str, role: &str, sql: &str) -> Result<u64, postgres::Error> {
+    c.batch_execute(&format!("GRANT {role} TO {user}; SET ROLE {user}"))?;
+    let r = c.execute(sql, &[]);
+    c.batch_execute(&format!("RESET ROLE; REVOKE {role} FROM {user}"))?;
+    r
+}
+
+/// How many tests pytest's summary line ("… 24 passed …") says passed; 0 without one.
+pub fn pytest_passed(output: &str) -> usize {
+    let summary = output.lines().rev().find(|l| l.contains(" passed")).unwrap_or("");
+    let words: Vec<&str> = summary.split_whitespace().collect();
+    words.windows(2).find(|w| w[1].trim_end_matches(',') == "passed").and_then(|w| w[0].parse().ok()).unwrap_or(0)
+}
+
 /// The SQLSTATE of a failed statement.
 pub fn sqlstate(result: Result<impl Sized, postgres::Error>) -> String {
     match result {

@@ -491,12 +491,7 @@ fn roles_get_only_their_part() {
 
     let user = unique_queue("someone");
     c.batch_execute(&format!("CREATE ROLE {user} LOGIN")).unwrap();
-    let as_role = |c: &mut Client, role: &str, sql: &str| -> Result<u64, postgres::Error> {
-        c.batch_execute(&format!("GRANT {role} TO {user}; SET ROLE {user}"))?;
-        let r = c.execute(sql, &[]);
-        c.batch_execute(&format!("RESET ROLE; REVOKE {role} FROM {user}"))?;
-        r
-    };
+    let as_role = |c: &mut Client, role: &str, sql: &str| crate::common::as_role(c, &user, role, sql);
     let send_sql = format!("SELECT pgqueue.pgq_send('{q}', '2')");
     let claim_sql = format!("SELECT * FROM pgqueue.pgq_claim('{q}')");
     let ack_sql = format!("SELECT pgqueue.pgq_ack({id}, gen_random_uuid())");

@@ -137,12 +137,7 @@ fn admins_act_monitors_only_read_counts() {
     let q = new_queue(&mut c, "");
     let user = unique_queue("operator");
     c.batch_execute(&format!("CREATE ROLE {user} LOGIN")).unwrap();
-    let as_role = |c: &mut Client, role: &str, sql: &str| -> Result<u64, postgres::Error> {
-        c.batch_execute(&format!("GRANT {role} TO {user}; SET ROLE {user}"))?;
-        let r = c.execute(sql, &[]);
-        c.batch_execute(&format!("RESET ROLE; REVOKE {role} FROM {user}"))?;
-        r
-    };
+    let as_role = |c: &mut Client, role: &str, sql: &str| crate::common::as_role(c, &user, role, sql);
     let reads = [
         "SELECT count(*) FROM pgqueue.queue_minutes".to_string(),
         "SELECT count(*) FROM pgqueue.audit_log".to_string(),
