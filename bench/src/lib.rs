@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 pub mod chart;
+pub mod console_size;
 pub mod cron_cost;
 
 /// How big each scenario is.
@@ -92,6 +93,9 @@ pub struct Sizes {
     /// how often pg_locks is sampled for waiting backends.
     pub prune_idle_for: Duration,
     pub lock_sample_every: Duration,
+    /// Console: (queues, history rows) of each size, smallest first, and the GETs per page.
+    pub console_sizes: Vec<(i64, i64)>,
+    pub console_rounds: usize,
 }
 
 impl Sizes {
@@ -144,6 +148,8 @@ impl Sizes {
             bytes_for: Duration::from_secs(15),
             prune_idle_for: Duration::from_secs(3),
             lock_sample_every: Duration::from_millis(5),
+            console_sizes: vec![(10, 10_000), (1_000, 10_000_000)],
+            console_rounds: 20,
         }
     }
 
@@ -197,6 +203,8 @@ impl Sizes {
             bytes_for: Duration::from_millis(500),
             prune_idle_for: Duration::from_millis(300),
             lock_sample_every: Duration::from_millis(5),
+            console_sizes: vec![(2, 100), (4, 1_000)],
+            console_rounds: 2,
         }
     }
 }
@@ -218,6 +226,7 @@ pub struct Report {
     pub harness: Vec<HarnessPoint>,
     pub bytes: Vec<BytesPoint>,
     pub cron: Vec<cron_cost::CronCost>,
+    pub console: Vec<console_size::ConsolePage>,
 }
 
 #[derive(Serialize, Clone)]
@@ -1063,6 +1072,10 @@ impl Bench {
         if wants("cron") {
             let (slots, rounds) = self.sizes.cron;
             report.cron = cron_cost::measure(slots, rounds);
+        }
+        if wants("console") {
+            report.console =
+                console_size::measure(&self.dsn, &self.sizes.console_sizes, self.sizes.console_rounds, |w| self.say(w));
         }
         report
     }

@@ -16,7 +16,7 @@ struct Args {
     #[arg(long)]
     pg_config: Option<PathBuf>,
     /// Scenarios: all, flatness, throughput, rescue, prune, renewals, enqueue, pinned, pickup,
-    /// schedules, unique, harness, bytes, cron (comma-separated).
+    /// schedules, unique, harness, bytes, cron, console (comma-separated).
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Tiny sizes (seconds, not minutes).
@@ -30,6 +30,10 @@ struct Args {
     /// claims per call, instead of the size's own (full: 2000, 100, 32).
     #[arg(long)]
     harness_depth: Option<i64>,
+    /// Console: the sizes to measure, as queues:history_rows (comma-separated, smallest
+    /// first), instead of the size's own (full: 10:10000,1000:10000000).
+    #[arg(long, value_delimiter = ',')]
+    console_sizes: Option<Vec<String>>,
     #[arg(long)]
     harness_batch: Option<usize>,
     #[arg(long)]
@@ -178,6 +182,15 @@ fn main() {
     if let Some(depth) = args.harness_depth {
         sizes.harness_depth = depth;
     }
+    if let Some(list) = args.console_sizes {
+        sizes.console_sizes = list
+            .iter()
+            .map(|s| {
+                let (q, r) = s.split_once(':').expect("--console-sizes: queues:history_rows");
+                (q.parse().expect("a number of queues"), r.parse().expect("a number of history rows"))
+            })
+            .collect();
+    }
     if let Some(batch) = args.harness_batch {
         sizes.harness_batch = batch;
     }
@@ -318,6 +331,17 @@ fn print(r: &Report) {
             s.lateness_p99_ms,
             s.lateness_max_ms
         );
+    }
+    if !r.console.is_empty() {
+        println!(
+            "\nconsole: each page's GET on loopback (the console in this process)\n| queues | history rows | page | p50 ms | max ms | p50 ÷ smallest |\n|---|---|---|---|---|---|"
+        );
+        for p in &r.console {
+            println!(
+                "| {} | {} | {} | {:.1} | {:.1} | {:.2} |",
+                p.queues, p.history_rows, p.page, p.p50_ms, p.max_ms, p.of_smallest
+            );
+        }
     }
     if !r.unique.is_empty() {
         println!("\nunique jobs: single sends, each its own commit\n| keys | messages/s | ÷ no key |\n|---|---|---|");
