@@ -16,9 +16,10 @@ RETURN 'history_' || queue;
 CREATE FUNCTION pgqueue._index_history_part(part text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    EXECUTE pg_catalog.format('CREATE INDEX %I ON pgqueue.%I (msg_id) WHERE outcome = %L',
+    -- IF NOT EXISTS: the warning of pgq_prune suggests this for a leaf that may have one.
+    EXECUTE pg_catalog.format('CREATE INDEX IF NOT EXISTS %I ON pgqueue.%I (msg_id) WHERE outcome = %L',
         part || '_dead', part, 'dead');
-    EXECUTE pg_catalog.format('CREATE INDEX %I ON pgqueue.%I USING brin (msg_id)', part || '_ids', part);
+    EXECUTE pg_catalog.format('CREATE INDEX IF NOT EXISTS %I ON pgqueue.%I USING brin (msg_id)', part || '_ids', part);
 END
 $$;
 

@@ -116,8 +116,8 @@ fn a_history_still_being_restored_is_not_pruned() {
     assert_eq!(prune(&mut c, &q), vec![(part, "pruned".to_string(), 3)]);
 }
 
-/// Every leaf of a queue's history has its own dead-letter index, named after it, however
-/// long the queue's name (up to 40 characters).
+/// Every leaf of a queue's history has its own dead-letter index and (since 0.12.0) its BRIN
+/// index on msg_id, named after it, however long the queue's name (up to 40 characters).
 #[test]
 fn every_history_partition_has_its_dead_letter_index() {
     let mut c = connect();
@@ -125,18 +125,25 @@ fn every_history_partition_has_its_dead_letter_index() {
     c.execute("SELECT pgqueue.pgq_create_queue($1, if_not_exists => true)", &[&q]).unwrap();
     let rows = c
         .query(
-            "SELECT c.relname::text, i.indexrelid::regclass::text
+            "SELECT c.relname::text,
+                    array_agg(i.indexrelid::regclass::text || ' ' || am.amname ORDER BY i.indexrelid::regclass::text)
                FROM pg_partition_tree(format('pgqueue.%I', 'history_' || $1::text)::regclass) t
                JOIN pg_class c ON c.oid = t.relid
                LEFT JOIN pg_index i ON i.indrelid = t.relid
-              WHERE t.isleaf ORDER BY 1",
+               LEFT JOIN pg_class ic ON ic.oid = i.indexrelid
+               LEFT JOIN pg_am am ON am.oid = ic.relam
+              WHERE t.isleaf GROUP BY 1 ORDER BY 1",
             &[&q],
         )
         .unwrap();
     assert_eq!(rows.len(), 4, "three days and the default partition");
     for r in rows {
-        let (leaf, index): (String, Option<String>) = (r.get(0), r.get(1));
-        assert_eq!(index, Some(format!("pgqueue.\"{leaf}_dead\"")), "{leaf}");
+        let (leaf, indexes): (String, Vec<String>) = (r.get(0), r.get(1));
+        assert_eq!(
+            indexes,
+            [format!("pgqueue.\"{leaf}_dead\" btree"), format!("pgqueue.\"{leaf}_ids\" brin")],
+            "{leaf}"
+        );
     }
 }
 
