@@ -22,10 +22,7 @@ pub fn random_hex(bytes: usize) -> String {
 /// Equality that takes as long whatever the first differing byte, so the time a refusal
 /// takes says nothing about how much of a secret was right.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 /// Why a POST was refused.
