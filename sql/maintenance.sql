@@ -316,6 +316,7 @@ BEGIN ATOMIC
         started_at = CASE WHEN (counts->>'first')::boolean THEN now() ELSE started_at END,
         last_tick_at = now(),
         last_prune_at = CASE WHEN (counts->>'pruned')::boolean THEN now() ELSE last_prune_at END,
+        last_rollup_at = CASE WHEN (counts->>'rolled_up')::boolean THEN now() ELSE last_rollup_at END,
         tick_interval_ms = (counts->>'tick_interval_ms')::integer,
         ticks = ticks + coalesce((counts->>'ticks')::bigint, 1),
         tick_failures = tick_failures + coalesce((counts->>'tick_failures')::bigint, 0),
@@ -351,7 +352,8 @@ BEGIN ATOMIC
         last_error_at = CASE WHEN counts ? 'error' THEN now() ELSE last_error_at END;
 END;
 
--- The rollup runs at the first tick of each minute (src/tick.rs).
+-- The rollup runs at the first tick of each minute (src/tick.rs): once the tick that did it
+-- has recorded it.
 CREATE FUNCTION pgqueue._rollup_due() RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT w.last_rollup_at IS NULL OR date_trunc('minute', w.last_rollup_at) < date_trunc('minute', now())
@@ -360,7 +362,9 @@ RETURN (SELECT w.last_rollup_at IS NULL OR date_trunc('minute', w.last_rollup_at
 -- Adds the counts drained from the shared state (`counts`: [{queue, sent, completed, dead,
 -- retried, ready, delayed, claimed}]) to the minute that just ended, and deletes rollups
 -- older than `retention` (zero: keep none). Queues dropped meanwhile are left out. Returns
--- the rows written.
+-- the rows written. It leaves worker_state alone (the tick's record sets last_rollup_at), so
+-- that a lock on that row holds up one step, not two; a second rollup within a minute,
+-- should one run, adds only what was counted since.
 CREATE FUNCTION pgqueue._roll_up(counts jsonb, retention interval) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -384,7 +388,6 @@ BEGIN
     -- Per queue, through the primary key: only the expired rows are read.
     DELETE FROM pgqueue.queue_minutes qm
      WHERE qm.queue = ANY (ARRAY(SELECT q.queue FROM pgqueue.queues q)) AND qm.minute < now() - retention;
-    UPDATE pgqueue.worker_state SET last_rollup_at = now();
     RETURN written;
 END
 $$;

@@ -31,6 +31,8 @@ pub struct Outcome {
     pub backlog: bool,
     /// The earliest next run of a schedule (worker only): it wakes for it before its tick.
     pub next_schedule: Option<pg_sys::TimestampTz>,
+    /// The minute rollup was recorded (the tick's record then sets `last_rollup_at`).
+    rolled_up: bool,
 }
 
 impl Outcome {
@@ -277,11 +279,10 @@ fn roll_up(bracket: Bracket, out: &mut Outcome) {
     let written = step(bracket, out, "rollup", move || {
         Spi::get_one_with_args::<i64>("SELECT pgqueue._roll_up($1, $2::interval)", &[counts.into(), retention.into()])
             .unwrap_or_else(|e| error!("{e}"))
-            .unwrap_or(0)
     });
-    if let Some(n) = written {
+    if written.is_some() {
         CARRY.with_borrow_mut(rollup::Carry::recorded);
-        out.add("rollup_rows", n);
+        out.rolled_up = true;
     }
 }
 
@@ -333,6 +334,7 @@ fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
     counts.insert("tick_failures".into(), json!(out.failed.len()));
     counts.insert("first".into(), json!(plan.first));
     counts.insert("pruned".into(), json!(pruned));
+    counts.insert("rolled_up".into(), json!(out.rolled_up));
     counts.insert("tick_interval_ms".into(), json!(guc::TICK_INTERVAL_MS.get()));
     if let Some((step, error)) = out.failed.last() {
         counts.insert("error".into(), json!(format!("{step}: {error}")));

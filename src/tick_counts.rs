@@ -4,9 +4,10 @@
 
 use serde_json::{Map, Value, json};
 
-/// Values that are not counters: `first` and `pruned` (whether either tick was one), the
-/// latest `tick_interval_ms`, and the latest `error` (the later tick's, else the earlier's).
-const FLAGS: [&str; 2] = ["first", "pruned"];
+/// Values that are not counters: `first`, `pruned` and `rolled_up` (whether either tick was
+/// one), the latest `tick_interval_ms`, and the latest `error` (the later tick's, else the
+/// earlier's).
+const FLAGS: [&str; 3] = ["first", "pruned", "rolled_up"];
 const LATEST: [&str; 2] = ["tick_interval_ms", "error"];
 
 /// Adds `earlier` (a tick not recorded) into `later`.
@@ -42,14 +43,15 @@ mod tests {
 
     #[test]
     fn counters_add_up_and_the_latest_values_win() {
-        let mut later = map(json!({"ticks": 1, "rearmed": 2, "first": false, "pruned": false,
+        let mut later = map(json!({"ticks": 1, "rearmed": 2, "first": false, "pruned": false, "rolled_up": false,
                                    "tick_interval_ms": 200, "tick_failures": 0}));
         let earlier = map(json!({"ticks": 1, "rearmed": 5, "promoted": 3, "first": true, "pruned": false,
-                                 "tick_interval_ms": 1000, "tick_failures": 1, "error": "record: lock timeout"}));
+                                 "rolled_up": true, "tick_interval_ms": 1000, "tick_failures": 1,
+                                 "error": "record: lock timeout"}));
         merge(&mut later, earlier);
         assert_eq!(
             Value::Object(later),
-            json!({"ticks": 2, "rearmed": 7, "promoted": 3, "first": true, "pruned": false,
+            json!({"ticks": 2, "rearmed": 7, "promoted": 3, "first": true, "pruned": false, "rolled_up": true,
                    "tick_interval_ms": 200, "tick_failures": 1, "error": "record: lock timeout"})
         );
     }
