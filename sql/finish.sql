@@ -182,6 +182,7 @@ BEGIN
     DELETE FROM pgqueue.history h
      WHERE h.queue = q.queue AND h.outcome = 'dead' AND (msg_ids IS NULL OR h.msg_id = ANY (msg_ids));
     GET DIAGNOSTICS deleted = ROW_COUNT;
+    PERFORM pgqueue._note(q.queue, deleted, 'dead', NULL);
     RETURN deleted;
 END
 $$;

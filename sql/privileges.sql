@@ -39,12 +39,14 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_pause_schedule(text),
     pgqueue.pgq_resume_schedule(text)
 TO pgqueue_admin;
-GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats, pgqueue.queue_depth, pgqueue.shared_state,
+GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats, pgqueue.queue_depth, pgqueue.queue_overview,
+    pgqueue.shared_state,
     pgqueue.schedule_stats, pgqueue.queue_minutes, pgqueue.audit_log, pgqueue.queues
     TO pgqueue_admin, pg_monitor;
 -- Payloads are the applications' data: readable by admins, and by whom they grant it to.
 GRANT SELECT ON pgqueue.jobs, pgqueue.dedup_keys TO pgqueue_admin;
-GRANT EXECUTE ON FUNCTION pgqueue._queue_depth(), pgqueue._shared_state(), pgqueue._local_time(timestamptz, text)
+GRANT EXECUTE ON FUNCTION pgqueue._queue_depth(), pgqueue._dead_letters(), pgqueue._shared_state(),
+    pgqueue._local_time(timestamptz, text)
     TO pgqueue_admin, pg_monitor;
 
 GRANT EXECUTE ON FUNCTION pgqueue.pgq_version(), pgqueue.pgq_cron_next(text, text, timestamptz, integer) TO PUBLIC;

@@ -68,20 +68,64 @@ BEGIN ATOMIC
       FROM pgqueue.messages m WHERE m.queue = _depth.queue;
 END;
 
+-- A queue's dead letters, counted in its own history partitions only (a query of
+-- pgqueue.history by a queue the planner does not know locks every queue's partitions).
+CREATE FUNCTION pgqueue._dead_count(queue text) RETURNS bigint
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF to_regclass(format('pgqueue.%I', pgqueue._history_table(queue))) IS NULL THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE format('SELECT count(*) FROM pgqueue.%I WHERE outcome = %L', pgqueue._history_table(queue), 'dead')
+       INTO n;
+    RETURN n;
+END
+$$;
+
 -- Depths without counting: read from the shared state, O(number of queues), for monitoring
 -- that scrapes often. Approximate: moved at every commit, recounted by the worker every
 -- pgqueue.prune_interval; NULL where unknown (tracked false: not in shared memory — library
 -- not preloaded, pgqueue.max_queues reached — or not yet checked by the worker).
--- pgqueue.queue_stats is the exact count.
+-- pgqueue.queue_stats is the exact count. dead (since 0.13.0): dead letters in history.
 CREATE VIEW pgqueue.queue_depth AS
 SELECT q.queue,
        coalesce(s.tracked, false) AS tracked,
        s.ready, s.delayed, s.claimed,
        coalesce(s.waiting_claims, 0) AS waiting_claims,
        coalesce(s.wakeups, 0) AS wakeups,
-       coalesce(s.hint_corrections, 0) AS hint_corrections
+       coalesce(s.hint_corrections, 0) AS hint_corrections,
+       d.dead
   FROM pgqueue.queues q
-  LEFT JOIN pgqueue._queue_depth() s ON s.queue = q.queue;
+  LEFT JOIN pgqueue._queue_depth() s ON s.queue = q.queue
+  LEFT JOIN pgqueue._dead_letters() d ON d.queue = q.queue;
+
+-- Every queue at a glance, in O(number of queues) reads whatever the size of its backlog and
+-- history (for consoles and dashboards): the depths and dead letters of queue_depth
+-- (approximate; NULL where the shared state does not know them: pgqueue.queue_stats counts),
+-- the age of the oldest ready message (the first by msg_id of each priority, read from the
+-- ready index's head) and the claims past their lease (read from the in-flight index).
+CREATE VIEW pgqueue.queue_overview AS
+SELECT q.queue, q.paused, d.tracked, d.ready, d.delayed, d.claimed, d.dead, d.waiting_claims,
+       now() - o.oldest_ready AS oldest_ready_age,
+       coalesce(x.expired_claims, 0) AS expired_claims
+  FROM pgqueue.queues q
+  JOIN pgqueue.queue_depth d ON d.queue = q.queue
+  LEFT JOIN LATERAL (
+       WITH RECURSIVE p(priority) AS (
+            SELECT (SELECT max(m.priority) FROM pgqueue.messages m WHERE m.queue = q.queue AND m.state = 'ready')
+             UNION ALL
+            SELECT (SELECT max(m.priority) FROM pgqueue.messages m
+                     WHERE m.queue = q.queue AND m.state = 'ready' AND m.priority < p.priority)
+              FROM p WHERE p.priority IS NOT NULL)
+       SELECT min((SELECT m.enqueued_at FROM pgqueue.messages m
+                    WHERE m.queue = q.queue AND m.state = 'ready' AND m.priority = p.priority
+                    ORDER BY m.msg_id LIMIT 1)) AS oldest_ready
+         FROM p WHERE p.priority IS NOT NULL) o ON true
+  LEFT JOIN (SELECT m.queue, count(*) AS expired_claims
+               FROM pgqueue.messages m WHERE m.state = 'claimed' AND m.lease_expires_at <= now()
+              GROUP BY m.queue) x ON x.queue = q.queue;
 
 -- The shared state's use, for the whole server: max_queues (pgqueue.max_queues), queues
 -- tracked now, and how many times a queue found it full (its claims then scan from the

@@ -16,6 +16,10 @@ pub enum Bracket {
 }
 
 impl Bracket {
+    pub fn is_transaction(self) -> bool {
+        matches!(self, Bracket::Transaction)
+    }
+
     /// Runs `body` in a bracket of this kind.
     pub fn run<R>(self, body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, String> {
         match self {

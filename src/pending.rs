@@ -11,7 +11,7 @@
 //! claimed past it, and it commits without touching the hint (and without failing the
 //! claims under way, which a lowering would).
 
-use crate::queue_state::{self, DUE_NEVER, Key, State};
+use crate::queue_state::{self, DEPTHS, DUE_NEVER, Key, State};
 use crate::rollup;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -39,7 +39,7 @@ pub struct Note {
     pub high: i64,
     /// Messages made claimable (Sent, Readied) or claimed (Claimed).
     pub count: i64,
-    pub depth: [i64; 3],
+    pub depth: [i64; DEPTHS],
     /// Sent, completed, dead, retried: added to the queue's rollup counters at commit.
     pub events: rollup::Events,
     /// Earliest due time of delayed messages it adds.
@@ -69,7 +69,7 @@ impl Note {
             low: i64::MAX,
             high: i64::MIN,
             count: 0,
-            depth: [0; 3],
+            depth: [0; DEPTHS],
             events: rollup::Events::default(),
             due: DUE_NEVER,
             expiry: i64::MAX,
@@ -133,7 +133,7 @@ pub fn record(mut note: Note) {
 }
 
 impl Note {
-    fn add_depth(&mut self, depth: &[i64; 3]) {
+    fn add_depth(&mut self, depth: &[i64; DEPTHS]) {
         for (d, n) in self.depth.iter_mut().zip(depth) {
             *d += n;
         }

@@ -28,13 +28,17 @@ pub const DUE_UNKNOWN: i64 = i64::MIN;
 /// `next_due` when the queue has no delayed message.
 pub const DUE_NEVER: i64 = i64::MAX;
 
-/// Depth counters, by message state.
+/// Depth counters, by message state; `Dead`: dead letters in history.
 #[derive(Clone, Copy)]
 pub enum State {
     Ready = 0,
     Delayed = 1,
     Claimed = 2,
+    Dead = 3,
 }
+
+/// Counters in a depth: the three message states and dead letters.
+pub const DEPTHS: usize = 4;
 
 impl State {
     pub fn parse(state: &str) -> Option<State> {
@@ -42,6 +46,8 @@ impl State {
             "ready" => Some(State::Ready),
             "delayed" => Some(State::Delayed),
             "claimed" => Some(State::Claimed),
+            // 'history' is where a redrive takes messages from: dead letters only.
+            "dead" | "history" => Some(State::Dead),
             _ => None,
         }
     }
@@ -115,8 +121,12 @@ pub struct Entry {
     /// that only move depths (and lower the in-flight floor and expiry below) do it under the
     /// shared lock, as atomic adds and minimums: they commute, and everything that reads or
     /// sets them as a whole holds the exclusive lock.
-    depth: [AtomicI64; 3],
+    depth: [AtomicI64; DEPTHS],
     depth_known: bool,
+    /// The dead-letter count (`depth[Dead]`) is meaningful; and is due for a recount (the
+    /// tick recounts it one queue per transaction: a queue's history is many partitions).
+    dead_known: bool,
+    dead_stale: bool,
     /// Messages sent, completed, dead-lettered and retried (see `rollup::Events`) by commits
     /// since the rollup last drained them: atomic adds under either lock, a swap to drain.
     events: [AtomicI64; rollup::EVENTS],
@@ -245,6 +255,12 @@ pub fn with_lock<R>(exclusive: bool, f: impl FnOnce(&mut Locked) -> R) -> Option
 
 impl Locked {
     /// The entry of `key`; with `create`, made if missing and the table has room.
+    /// An entry can still be made.
+    pub fn has_room(&self) -> bool {
+        // SAFETY: read under the table's lock (held: &self).
+        unsafe { (*HEADER).entries < (*HEADER).capacity }
+    }
+
     pub fn entry(&mut self, key: &Key, create: bool) -> Option<&mut Entry> {
         // SAFETY: the table is only searched under its lock (held: &mut self); entries stay
         // where they are until removed, which needs the exclusive lock.
@@ -356,6 +372,8 @@ impl Entry {
         self.next_due = DUE_UNKNOWN;
         self.depth.iter().for_each(|d| d.store(0, Relaxed));
         self.depth_known = false;
+        self.dead_known = false;
+        self.dead_stale = false;
         self.epoch += 1;
     }
 
@@ -517,17 +535,45 @@ impl Entry {
     }
 
     /// Under either lock.
-    pub fn add_depth(&self, delta: &[i64; 3]) {
+    pub fn add_depth(&self, delta: &[i64; DEPTHS]) {
         for (d, n) in self.depth.iter().zip(delta).filter(|(_, n)| **n != 0) {
             d.fetch_add(*n, Relaxed);
         }
     }
 
+    /// (ready, delayed, claimed), as counted.
     pub fn set_depth(&mut self, depth: [i64; 3]) {
         for (d, n) in self.depth.iter().zip(depth) {
             d.store(n, Relaxed);
         }
         self.depth_known = true;
+    }
+
+    /// Dead letters, as counted.
+    pub fn set_dead(&mut self, dead: i64) {
+        self.depth[State::Dead as usize].store(dead, Relaxed);
+        self.dead_known = true;
+        self.dead_stale = false;
+    }
+
+    /// Asks the tick to recount the dead letters (what it shows meanwhile is kept).
+    pub fn mark_dead_stale(&mut self) {
+        self.dead_stale = true;
+    }
+
+    /// Dead letters when known, never negative.
+    pub fn dead(&self) -> Option<i64> {
+        self.dead_known.then(|| self.depth[State::Dead as usize].load(Relaxed).max(0))
+    }
+
+    /// The count as moved by commits, known or not (see `reconcile::recount_dead`).
+    pub fn dead_raw(&self) -> i64 {
+        self.depth[State::Dead as usize].load(Relaxed)
+    }
+
+    /// The tick should recount the dead letters.
+    pub fn dead_due(&self) -> bool {
+        !self.dead_known || self.dead_stale
     }
 
     /// Under either lock.

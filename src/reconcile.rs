@@ -3,13 +3,15 @@
 //! lowered if it is above it; priorities nobody announced are added; the next due time is
 //! lowered to the earliest delayed message; entries of dropped queues are removed. A missed
 //! lowering (a prepared transaction, a change made outside the API, a bug) therefore delays
-//! a message by one tick at most. Approximate depths are recounted when asked.
+//! a message by one tick at most. Approximate depths are recounted when asked; dead letters
+//! one queue per transaction (`recount_dead`).
 //! Also: the `pgqueue.queue_depth` view's numbers.
 
 use crate::queue_state::{self, Key};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use std::collections::HashSet;
 
 struct Seen {
     key: Key,
@@ -24,7 +26,7 @@ struct Seen {
 pub fn run(recount: bool, current_sql: bool) -> i64 {
     // SAFETY: a plain read of this backend's database.
     let db = unsafe { pg_sys::MyDatabaseId };
-    let seen: Vec<Seen> = queue_state::with_lock(false, |table| {
+    let mut seen: Vec<Seen> = queue_state::with_lock(false, |table| {
         table
             .entries()
             .into_iter()
@@ -41,13 +43,27 @@ pub fn run(recount: bool, current_sql: bool) -> i64 {
             .collect()
     })
     .unwrap_or_default();
-    if seen.is_empty() || !current_sql {
+    if !current_sql || !queue_state::available() {
         return 0;
     }
     let queues: Vec<String> =
         Spi::get_one::<Vec<String>>("SELECT coalesce(array_agg(queue), '{}') FROM pgqueue.queues")
             .unwrap_or_else(|e| error!("{e}"))
             .unwrap_or_default();
+    // Queues nobody used since the server started are tracked from now on, while there is
+    // room (never counted as untracked: no claim was turned away), so that their depths and
+    // dead letters are known before someone asks.
+    let tracked: HashSet<String> = seen.iter().map(|s| s.key.queue()).collect();
+    let missing: Vec<Key> = queues.iter().filter(|q| !tracked.contains(*q)).filter_map(|q| Key::new(q)).collect();
+    if !missing.is_empty() {
+        queue_state::with_lock(true, |table| {
+            for key in missing {
+                if table.has_room() && table.entry(&key, true).is_some() {
+                    seen.push(Seen { key, priorities: vec![], hints: vec![], waiters: 0, depth_known: false });
+                }
+            }
+        });
+    }
     let mut corrections = 0;
     for s in seen {
         let queue = s.key.queue();
@@ -163,6 +179,81 @@ fn _queue_depth() -> TableIterator<
                     corrections,
                 )
             })
+            .collect::<Vec<_>>()
+    })
+    .unwrap_or_default();
+    TableIterator::new(rows)
+}
+
+/// Queues of this database whose dead letters are due for a recount (unknown, or validated
+/// at the prune cadence), in name order from after `after` round to it, with the count each
+/// shows now (for `recount_dead`).
+pub fn dead_due(after: &str) -> Vec<(String, i64)> {
+    // SAFETY: a plain read of this backend's database.
+    let db = unsafe { pg_sys::MyDatabaseId };
+    let mut due: Vec<(String, i64)> = queue_state::with_lock(false, |table| {
+        table
+            .entries()
+            .into_iter()
+            // SAFETY: entries from the scan, read under the lock.
+            .map(|e| unsafe { &*e })
+            .filter(|e| e.db() == db && e.key().is_queue() && e.dead_due())
+            .map(|e| (e.key().queue(), e.dead_raw()))
+            .collect()
+    })
+    .unwrap_or_default();
+    due.sort();
+    let start = due.partition_point(|(q, _)| q.as_str() <= after);
+    due.rotate_left(start);
+    due
+}
+
+/// Every queue of this database: recount its dead letters soon.
+pub fn mark_dead_stale() {
+    // SAFETY: a plain read of this backend's database.
+    let db = unsafe { pg_sys::MyDatabaseId };
+    queue_state::with_lock(true, |table| {
+        for e in table.entries() {
+            // SAFETY: entries from the scan, changed under the exclusive lock.
+            let e = unsafe { &mut *e };
+            if e.db() == db && e.key().is_queue() {
+                e.mark_dead_stale();
+            }
+        }
+    });
+}
+
+/// Counts `queue`'s dead letters (its own history partitions only) and stores the count,
+/// plus what commits moved it by since `before` was read (read before this transaction's
+/// snapshot, so commits the count missed are kept).
+pub fn recount_dead(queue: &str, before: i64) {
+    let Some(key) = Key::new(queue) else { return };
+    let Some(counted) = Spi::get_one_with_args::<i64>("SELECT pgqueue._dead_count($1)", &[queue.into()])
+        .unwrap_or_else(|e| error!("{e}"))
+    else {
+        return; // dropped meanwhile
+    };
+    queue_state::with_lock(true, |table| {
+        if let Some(entry) = table.entry(&key, false) {
+            entry.set_dead(counted + (entry.dead_raw() - before));
+        }
+    });
+}
+
+/// This database's queues' dead letters as the shared state counts them (for
+/// `pgqueue.queue_depth`): NULL until the tick counted them.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _dead_letters() -> TableIterator<'static, (name!(queue, String), name!(dead, Option<i64>))> {
+    // SAFETY: a plain read of this backend's database.
+    let db = unsafe { pg_sys::MyDatabaseId };
+    let rows = queue_state::with_lock(false, |table| {
+        table
+            .entries()
+            .into_iter()
+            // SAFETY: entries from the scan, read under the lock.
+            .map(|e| unsafe { &*e })
+            .filter(|e| e.db() == db && e.key().is_queue())
+            .map(|e| (e.key().queue(), e.dead()))
             .collect::<Vec<_>>()
     })
     .unwrap_or_default();

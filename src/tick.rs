@@ -97,6 +97,13 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
         }
         pruned = true;
     }
+    if plan.all_steps && current_sql && level >= SQL_DEAD_COUNTS {
+        // After the prune, which drops dead letters with their partitions.
+        if prune_now {
+            crate::reconcile::mark_dead_stale();
+        }
+        count_dead(bracket, &mut out);
+    }
     record(bracket, &mut out, &plan, pruned);
     out
 }
@@ -286,6 +293,26 @@ fn roll_up(bracket: Bracket, out: &mut Outcome) {
     }
 }
 
+/// Recounts the dead letters of queues whose count is unknown or due (part of the check of
+/// the shared state, counted as "reconcile"): one queue per bracket, since each count locks
+/// that queue's history partitions; within a budget, then on at the next tick from the
+/// queue after the last one counted (a queue that fails is not counted first every time).
+fn count_dead(bracket: Bracket, out: &mut Outcome) {
+    thread_local! {
+        static LAST: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    // In pgq_tick() the locks of every bracket last until its caller's commit.
+    let (budget, most) = (guc::tick_interval() / 10, if bracket.is_transaction() { 1000 } else { 50 });
+    let start = Instant::now();
+    for (queue, before) in LAST.with_borrow(|last| crate::reconcile::dead_due(last)).into_iter().take(most) {
+        let counted = step(bracket, out, "reconcile", || crate::reconcile::recount_dead(&queue, before));
+        LAST.set(queue);
+        if counted.is_none() || start.elapsed() >= budget {
+            break;
+        }
+    }
+}
+
 fn prune_due(bracket: Bracket, out: &mut Outcome) -> bool {
     let interval = guc::prune_interval().as_secs_f64();
     step(bracket, out, "prune", || {
@@ -355,20 +382,23 @@ fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
 
 /// Which release's SQL this database runs: until ALTER EXTENSION UPDATE, this library may
 /// run an earlier release's, whose commits announce nothing to the shared state (before
-/// 0.3.0), which has no schedules (before 0.4.0) and no rollups (before 0.12.0). Known by
+/// 0.3.0), which has no schedules (before 0.4.0), no rollups (before 0.12.0) and no count of
+/// a queue's dead letters (before 0.13.0). Known by
 /// the functions it has.
 const SQL_SHARED_STATE: u8 = 3;
 const SQL_SCHEDULES: u8 = 4;
 const SQL_ROLLUPS: u8 = 5;
+const SQL_DEAD_COUNTS: u8 = 6;
 
 fn sql_level(bracket: Bracket, out: &mut Outcome) -> u8 {
     thread_local! {
         static LEVEL: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
     }
-    if LEVEL.get() < SQL_ROLLUPS {
+    if LEVEL.get() < SQL_DEAD_COUNTS {
         let level = step(bracket, out, "rearm", || {
             Spi::get_one::<i32>(
-                "SELECT CASE WHEN to_regprocedure('pgqueue._roll_up(jsonb, interval)') IS NOT NULL THEN 5
+                "SELECT CASE WHEN to_regprocedure('pgqueue._dead_count(text)') IS NOT NULL THEN 6
+                             WHEN to_regprocedure('pgqueue._roll_up(jsonb, interval)') IS NOT NULL THEN 5
                              WHEN to_regprocedure('pgqueue._fire_schedules(integer, timestamptz)') IS NOT NULL THEN 4
                              WHEN to_regprocedure('pgqueue._claimable(text, smallint[])') IS NOT NULL THEN 3
                              ELSE 0 END",

@@ -650,3 +650,113 @@ fn minute_rollups_count_what_commits_did_and_lose_nothing_when_a_record_fails() 
     let left: i64 = c.query_one("SELECT count(*) FROM pgqueue.queue_minutes", &[]).unwrap().get(0);
     assert_eq!(left, 0, "a dropped queue's rollups go with it");
 }
+
+/// Dead letters of `q`: (as the shared state counts them, as history has them).
+fn dead_counts(c: &mut Client, q: &str) -> (Option<i64>, i64) {
+    let r = c
+        .query_one(
+            "SELECT (SELECT dead FROM pgqueue.queue_depth WHERE queue = $1),
+                    (SELECT count(*) FROM pgqueue.history WHERE queue = $1 AND outcome = 'dead')",
+            &[&q],
+        )
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+/// The shared count of dead letters (pgqueue.queue_depth's dead) against the table, over
+/// random dead-letterings (fail, nack and re-arm on the last attempt), redrives and deletes,
+/// committed, rolled back or undone by a savepoint: equal after every step. Lost at a restart
+/// and recounted by the next tick; a change made around the API is corrected when the tick
+/// validates the counts (the prune cadence).
+#[test]
+fn dead_letter_counts_follow_commits_and_are_recounted_by_the_tick() {
+    let _serial = serial();
+    let server = Server::with_pgqueue(&["pgqueue.enabled = off"]);
+    let mut c = server.connect("postgres");
+    let queues = ["dl_a", "dl_b"];
+    for q in queues {
+        c.execute("SELECT pgqueue.pgq_create_queue($1, max_attempts => 1, retention => '1 day')", &[&q]).unwrap();
+    }
+    for q in queues {
+        assert_eq!(dead_counts(&mut c, q), (None, 0), "unknown until the tick counts it");
+    }
+    c.batch_execute("SELECT * FROM pgqueue.pgq_tick()").unwrap();
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    println!("seed {seed}");
+    let mut state = seed;
+    let mut next = |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    for step in 0..150 {
+        let q = queues[next(2) as usize];
+        // How the step ends: committed, rolled back, or undone by ROLLBACK TO SAVEPOINT.
+        let (open, close) = match next(4) {
+            0 => ("BEGIN", "ROLLBACK"),
+            1 => ("BEGIN; SAVEPOINT s", "ROLLBACK TO SAVEPOINT s; COMMIT"),
+            _ => ("BEGIN", "COMMIT"),
+        };
+        let dead: Vec<i64> = c
+            .query("SELECT msg_id FROM pgqueue.history WHERE queue = $1 AND outcome = 'dead' ORDER BY msg_id", &[&q])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let pick = if dead.is_empty() { None } else { Some(dead[next(dead.len() as u64) as usize]) };
+        let action = match (next(6), pick) {
+            (0, _) | (1, None) => format!(
+                "SELECT pgqueue.pgq_fail(m.msg_id, m.claim_token, 'step {step}')
+                   FROM pgqueue.pgq_claim('{q}', 2) m"
+            ),
+            (1, Some(_)) | (2, None) => format!(
+                "SELECT pgqueue.pgq_nack(m.msg_id, m.claim_token) FROM pgqueue.pgq_claim('{q}', 1) m"
+            ),
+            (2, Some(id)) => format!("SELECT pgqueue.pgq_redrive('{q}', ARRAY[{id}]::bigint[])"),
+            (3, Some(id)) => format!("SELECT pgqueue.pgq_delete_dead('{q}', ARRAY[{id}]::bigint[])"),
+            (4, _) => format!("SELECT pgqueue.pgq_redrive('{q}')"),
+            _ => format!("SELECT count(*) FROM pgqueue.pgq_claim('{q}', 1, lease => '1 ms')"),
+        };
+        // Something to dead-letter, committed first.
+        c.execute("SELECT pgqueue.pgq_send_batch($1, array_fill('{}'::jsonb, ARRAY[2]))", &[&q]).unwrap();
+        c.batch_execute(&format!("{open}; {action}; {close}")).unwrap();
+        if step % 10 == 0 {
+            // Re-arms the expired claims: on their last attempt, to dead letters.
+            std::thread::sleep(Duration::from_millis(2));
+            c.batch_execute("SELECT * FROM pgqueue.pgq_tick()").unwrap();
+        }
+        for q in queues {
+            let (shown, exact) = dead_counts(&mut c, q);
+            assert_eq!(shown, Some(exact), "{q} after step {step} ({open}; {action}; {close}), seed {seed}");
+        }
+    }
+    assert!(queues.iter().map(|q| dead_counts(&mut c, q).1).sum::<i64>() > 0, "the steps made dead letters");
+
+    // A restart loses the counts; the first tick counts them again.
+    server.restart();
+    let mut c = server.connect("postgres");
+    assert_eq!(dead_counts(&mut c, "dl_a").0, None);
+    c.batch_execute("SELECT * FROM pgqueue.pgq_tick()").unwrap();
+    for q in queues {
+        let (shown, exact) = dead_counts(&mut c, q);
+        assert_eq!(shown, Some(exact), "{q} after the restart");
+    }
+
+    // Dead letters written around the API, in a partition past retention: the count is off
+    // until the prune cadence, when the tick prunes them and counts again.
+    c.batch_execute(
+        "SELECT pgqueue._ensure_history_day('dl_a', current_date - 5);
+         INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at)
+         SELECT -g, 'dl_a', 'dead', 0, 1, '{}', now() - interval '6 days', (current_date - 5) + interval '1 hour'
+           FROM generate_series(1, 5) g;",
+    )
+    .unwrap();
+    let (shown, exact) = dead_counts(&mut c, "dl_a");
+    assert_eq!(shown.unwrap() + 5, exact);
+    c.batch_execute("UPDATE pgqueue.worker_state SET last_prune_at = NULL; SELECT * FROM pgqueue.pgq_tick()").unwrap();
+    for q in queues {
+        let (shown, exact) = dead_counts(&mut c, q);
+        assert_eq!(shown, Some(exact), "{q} after the prune");
+    }
+}

@@ -69,7 +69,7 @@ fn every_scenario_runs_at_tiny_sizes() {
     assert!(report.bytes.iter().all(|b| b.jobs > 0 && b.wal_per_job > 0.0 && b.hot_bytes_end > 0 && b.heap_bytes > 0));
     assert!(report.bytes.iter().all(|b| (b.system == "pgqueue") == b.history_bytes_end.is_some()));
     // Every page of the console at each size, each answered.
-    assert_eq!(report.console.len(), 5 * sizes.console_sizes.len());
+    assert_eq!(report.console.len(), 6 * sizes.console_sizes.len());
     assert!(report.console.iter().all(|p| p.p50_ms > 0.0 && p.max_ms >= p.p50_ms));
     assert_eq!(report.cron.len(), 6);
     assert!(report.cron.iter().all(|c| c.slots == sizes.cron.0 && c.ns_per_slot > 0.0 && c.ns_per_slot_0_9_0 > 0.0));

@@ -130,3 +130,106 @@ fn the_console_says_the_database_is_away_and_recovers_by_itself() {
         (get(&url).0 == 200).then_some(())
     });
 }
+
+/// Shared buffers the statement `sql` reads (hit or read) when it runs with `params`, and its
+/// plan as JSON text.
+fn buffers(c: &mut postgres::Client, sql: &str, params: &[&(dyn postgres::types::ToSql + Sync)]) -> (i64, String) {
+    let plan: serde_json::Value =
+        c.query_one(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"), params).unwrap().get(0);
+    let top = &plan[0]["Plan"];
+    let n = |k: &str| top[k].as_i64().unwrap_or(0);
+    (n("Shared Hit Blocks") + n("Shared Read Blocks"), plan.to_string())
+}
+
+/// The overview's and a queue page's statements (issue 29: "read O(queues) buffers"):
+/// measured with a small history and backlog, then with a hundred times more, on the same
+/// queues. What they read must not grow with either, and they must not touch history.
+#[test]
+fn the_overview_and_queue_pages_read_o_queues_buffers() {
+    use pgqueue_console::pages::{COUNTS_SQL, JOB_SQL, LAST_HOUR_SQL};
+    let _turn = common::file_turn(file!());
+    let server = Server::with_pgqueue(&["pgqueue.enabled = off"]);
+    let mut c = server.connect("postgres");
+    const QUEUES: i64 = 4;
+    let mut dead_ids = vec![];
+    for q in 0..QUEUES {
+        let name = format!("sized_{q}");
+        c.batch_execute(&format!(
+            "SELECT pgqueue.pgq_create_queue('{name}', max_attempts => 1);
+             SELECT pgqueue.pgq_send_batch('{name}', array_fill('{{}}'::jsonb, ARRAY[4]));
+             SELECT pgqueue.pgq_send('{name}', '{{}}', priority => 5);
+             SELECT pgqueue.pgq_send('{name}', '{{}}', delay => '1 hour');
+             INSERT INTO pgqueue.queue_minutes (queue, minute, sent, completed)
+             SELECT '{name}', date_trunc('minute', now()) - m * interval '1 minute', 10, 10 FROM generate_series(1, 60) m;"
+        ))
+        .unwrap();
+        let m = common::kit::claim_one(&mut c, &name, None);
+        c.execute("SELECT pgqueue.pgq_fail($1, $2, 'broken')", &[&m.id, &m.token]).unwrap();
+        dead_ids.push((name.clone(), m.id));
+        common::kit::claim_one(&mut c, &name, Some("1 ms"));
+    }
+    // The worker is off: pgq_tick() counts what the shared state does not know yet.
+    c.batch_execute("SELECT * FROM pgqueue.pgq_tick(); ANALYZE").unwrap();
+    let measure = |c: &mut postgres::Client| {
+        let all: Option<String> = None;
+        let one = Some("sized_0".to_string());
+        let (id, queue) = (dead_ids[0].1, dead_ids[0].0.clone());
+        [
+            buffers(c, COUNTS_SQL, &[&all]),
+            buffers(c, LAST_HOUR_SQL, &[&all]),
+            buffers(c, COUNTS_SQL, &[&one]),
+            buffers(c, LAST_HOUR_SQL, &[&one]),
+            buffers(c, JOB_SQL, &[&id, &queue]),
+        ]
+    };
+    let small = measure(&mut c);
+
+    // A hundred times the history (and a week of minute rollups) in every queue, and a
+    // backlog of ready messages in one.
+    for q in 0..QUEUES {
+        c.batch_execute(&format!(
+            "INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at)
+             SELECT -g, 'sized_{q}', 'completed', 0, 1, jsonb_build_object('n', g), now(), now()
+               FROM generate_series({from}, {to}) g;
+             INSERT INTO pgqueue.queue_minutes (queue, minute, sent, completed)
+             SELECT 'sized_{q}', date_trunc('minute', now()) - m * interval '1 minute', 10, 10
+               FROM generate_series(61, 7 * 1440) m;",
+            from = q * 20_000 + 1,
+            to = (q + 1) * 20_000
+        ))
+        .unwrap();
+    }
+    c.batch_execute(
+        "SELECT pgqueue.pgq_send_batch('sized_0', array_fill('{}'::jsonb, ARRAY[20000]));
+         VACUUM ANALYZE pgqueue.history; VACUUM ANALYZE pgqueue.messages; VACUUM ANALYZE pgqueue.queue_minutes;
+         SELECT * FROM pgqueue.pgq_tick();",
+    )
+    .unwrap();
+    let large = measure(&mut c);
+
+    let what = ["overview counts", "overview last hour", "queue page counts", "queue page last hour", "job by id"];
+    for ((name, (before, _)), (after, plan)) in what.iter().zip(&small).zip(&large) {
+        println!("{name}: {before} buffers, then {after} with a hundred times the history");
+        // A btree may grow a level: a few buffers a queue, never a share of the rows added.
+        assert!(*after <= before + 3 * QUEUES + 10, "{name}: {before} -> {after} buffers\n{plan}");
+        if !name.starts_with("job") {
+            assert!(!plan.contains("history_"), "{name} reads history:\n{plan}");
+        } else {
+            assert!(!plan.contains("\"Seq Scan\""), "the job by id is not found through an index:\n{plan}");
+        }
+    }
+    // The counts the overview shows are the exact ones.
+    let shown: Vec<(String, i64, i64, i64, i64)> = c
+        .query("SELECT queue, ready, delayed, claimed, dead FROM pgqueue.queue_overview ORDER BY queue", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect();
+    let exact: Vec<(String, i64, i64, i64, i64)> = c
+        .query("SELECT queue, ready, delayed, claimed, dead FROM pgqueue.queue_stats ORDER BY queue", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect();
+    assert_eq!(shown, exact);
+}

@@ -95,23 +95,85 @@ struct JobsPage {
 pub const PAGE_SIZE: i64 = 50;
 const STATES: [&str; 5] = ["ready", "delayed", "claimed", "completed", "dead"];
 
+fn int(v: &str, what: &str) -> Result<i64, Failure> {
+    v.parse::<i64>().map_err(|_| Failure::BadRequest(format!("{what} must be a number, not {v:?}")))
+}
+
+/// Where a search's id or unique key is, found before it runs, so that it reads only the
+/// history partitions of the queues that hold them (a query of history by a queue the planner
+/// does not know reads and locks every queue's partitions).
+#[derive(Default)]
+struct Scope {
+    /// The queue holding the id searched for (none: no job has it).
+    id_in: Option<Option<String>>,
+    /// The (queue, msg_id) of every message holding the key searched for.
+    keyed: Option<Vec<(String, i64)>>,
+}
+
+impl Scope {
+    /// Nothing can match.
+    fn is_empty(&self) -> bool {
+        matches!(self.id_in, Some(None)) || self.keyed.as_ref().is_some_and(Vec::is_empty)
+    }
+}
+
+/// Queues looked in at a time for a job whose queue is not given: each statement commits on
+/// its own, so it holds the locks of this many queues' partitions, not of all of them.
+const QUEUES_AT_A_TIME: usize = 50;
+
+/// The queue of job `id`, looked for queue by queue in groups.
+async fn locate(client: &Object, id: i64) -> Result<Option<String>, Failure> {
+    let queues: Vec<String> =
+        client.query("SELECT queue FROM pgqueue.queues ORDER BY queue", &[]).await?.iter().map(|r| r.get(0)).collect();
+    for group in queues.chunks(QUEUES_AT_A_TIME) {
+        let found = client
+            .query_opt("SELECT queue FROM pgqueue.jobs WHERE msg_id = $1 AND queue = ANY ($2) LIMIT 1", &[&id, &group])
+            .await?;
+        if let Some(row) = found {
+            return Ok(Some(row.get(0)));
+        }
+    }
+    Ok(None)
+}
+
+async fn scope(client: &Object, s: &Search, caps: &Capabilities) -> Result<Scope, Failure> {
+    let mut scope = Scope::default();
+    let queue = given(&s.queue);
+    if let (Some(id), None) = (given(&s.id), queue) {
+        scope.id_in = Some(locate(client, int(id, "the id")?).await?);
+    }
+    if let (Some(key), true) = (given(&s.key), caps.may_read_dedup_keys) {
+        let rows = client
+            .query(
+                "SELECT queue, msg_id FROM pgqueue.dedup_keys WHERE dedup_key = $1 AND ($2::text IS NULL OR queue = $2)",
+                &[&key, &queue],
+            )
+            .await?;
+        scope.keyed = Some(rows.iter().map(|r| (r.get(0), r.get(1))).collect());
+    }
+    Ok(scope)
+}
+
 /// The WHERE clause and parameters of a search: every filter given, ANDed; an id always as
-/// `msg_id = $n` and a unique key through `pgqueue.dedup_keys` where readable, so both use
-/// an index.
-fn search_sql(s: &Search, caps: &Capabilities) -> Result<(String, Vec<Box<dyn ToSql + Sync + Send>>), Failure> {
+/// `msg_id = $n` and a unique key as the (queue, msg_id) pairs `pgqueue.dedup_keys` has for
+/// it where readable, each within its queues, so both use an index.
+fn search_sql(
+    s: &Search,
+    caps: &Capabilities,
+    scope: &Scope,
+) -> Result<(String, Vec<Box<dyn ToSql + Sync + Send>>), Failure> {
     let mut clauses: Vec<String> = vec![];
     let mut params: Vec<Box<dyn ToSql + Sync + Send>> = vec![];
-    // Adds a clause whose one parameter is written `$?`; returns that parameter's number.
+    // Adds a clause whose one parameter is written `$?`.
     let mut add = |clause: &str, p: Box<dyn ToSql + Sync + Send>| {
         params.push(p);
         clauses.push(clause.replace("$?", &format!("${}", params.len())));
-        params.len()
-    };
-    let int = |v: &str, what: &str| {
-        v.parse::<i64>().map_err(|_| Failure::BadRequest(format!("{what} must be a number, not {v:?}")))
     };
     if let Some(id) = given(&s.id) {
         add("msg_id = $?", Box::new(int(id, "the id")?));
+        if let Some(Some(queue)) = &scope.id_in {
+            add("queue = $?", Box::new(queue.clone()));
+        }
     }
     if let Some(state) = given(&s.state) {
         if !STATES.contains(&state) {
@@ -119,19 +181,18 @@ fn search_sql(s: &Search, caps: &Capabilities) -> Result<(String, Vec<Box<dyn To
         }
         add("state = $?", Box::new(state.to_string()));
     }
-    let queue_param = given(&s.queue).map(|queue| add("queue = $?", Box::new(queue.to_string())));
+    if let Some(queue) = given(&s.queue) {
+        add("queue = $?", Box::new(queue.to_string()));
+    }
     if let Some(key) = given(&s.key) {
-        if caps.may_read_dedup_keys {
-            // With the queue, the primary key (queue, dedup_key) finds the key.
-            let same_queue = queue_param.map(|n| format!(" AND k.queue = ${n}")).unwrap_or_default();
-            add(
-                &format!(
-                    "msg_id = ANY (ARRAY(SELECT k.msg_id FROM pgqueue.dedup_keys k WHERE k.dedup_key = $?{same_queue}))"
-                ),
-                Box::new(key.to_string()),
-            );
-        } else {
-            add("dedup_key = $?", Box::new(key.to_string()));
+        match (&scope.keyed, caps.may_read_dedup_keys) {
+            (Some(keyed), true) => {
+                let mut queues: Vec<String> = keyed.iter().map(|(q, _)| q.clone()).collect();
+                queues.dedup();
+                add("queue = ANY ($?)", Box::new(queues));
+                add("msg_id = ANY ($?)", Box::new(keyed.iter().map(|(_, id)| *id).collect::<Vec<i64>>()));
+            }
+            _ => add("dedup_key = $?", Box::new(key.to_string())),
         }
     }
     if let Some(payload) = given(&s.payload) {
@@ -175,7 +236,13 @@ const JOB_COLUMNS: &str = "msg_id, queue, state, attempt, enqueued_at, finished_
 /// Runs a search: at most a page, newest first, and the next page's `before` if there is
 /// more.
 async fn find(client: &Object, search: &Search, caps: &Capabilities) -> Result<(Vec<JobRow>, Option<i64>), Failure> {
-    let (filter, params) = search_sql(search, caps)?;
+    // Bad input is refused before anything is looked up.
+    search_sql(search, caps, &Scope::default())?;
+    let scope = scope(client, search, caps).await?;
+    if scope.is_empty() {
+        return Ok((vec![], None));
+    }
+    let (filter, params) = search_sql(search, caps, &scope)?;
     let sql =
         format!("SELECT {JOB_COLUMNS} FROM pgqueue.jobs WHERE {filter} ORDER BY msg_id DESC LIMIT {}", PAGE_SIZE + 1);
     let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
@@ -230,27 +297,43 @@ struct JobPage {
     job: Avail<JobDetail>,
 }
 
-pub async fn job(State(app): Shared, Extension(visitor): Extension<Visitor>, Path(id): Path<String>) -> Response {
+#[derive(Deserialize)]
+pub struct InQueue {
+    pub queue: Option<String>,
+}
+
+pub async fn job(
+    State(app): Shared,
+    Extension(visitor): Extension<Visitor>,
+    Path(id): Path<String>,
+    Query(at): Query<InQueue>,
+) -> Response {
     render(&visitor, async {
         let id: i64 = id.parse().map_err(|_| Failure::BadRequest(format!("{id:?} is not a job id")))?;
         let (client, caps) = app.connect().await?;
-        let job = avail(job_detail(&client, id).await, "job details (pgqueue.jobs)")?;
+        let job = avail(job_detail(&client, id, given(&at.queue)).await, "job details (pgqueue.jobs)")?;
         let ctx = Ctx::new(format!("Job {id}"), "jobs", visitor.clone(), caps);
         Ok(html(StatusCode::OK, &JobPage { ctx, job }))
     })
     .await
 }
 
-async fn job_detail(client: &Object, id: i64) -> Result<JobDetail, Failure> {
+/// A job by id ($1) and queue ($2): that queue's history partitions only, through an index.
+pub const JOB_SQL: &str = "SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, visible_at, claimed_at,
+        consumer, lease_expires_at, extract(epoch FROM lease_expires_at - now())::float8,
+        finished_at, last_error, dedup_key
+   FROM pgqueue.jobs WHERE msg_id = $1 AND queue = $2
+  ORDER BY finished_at NULLS FIRST LIMIT 1";
+
+/// Job `id`, in `queue` (the console's links give it: only that queue's partitions are read)
+/// or looked for.
+async fn job_detail(client: &Object, id: i64, queue: Option<&str>) -> Result<JobDetail, Failure> {
+    let queue = match queue {
+        Some(q) => q.to_string(),
+        None => locate(client, id).await?.ok_or_else(|| Failure::NotFound(format!("no job {id}")))?,
+    };
     let r = client
-        .query_opt(
-            "SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, visible_at, claimed_at,
-                    consumer, lease_expires_at, extract(epoch FROM lease_expires_at - now())::float8,
-                    finished_at, last_error, dedup_key
-               FROM pgqueue.jobs WHERE msg_id = $1
-              ORDER BY finished_at NULLS FIRST LIMIT 1",
-            &[&id],
-        )
+        .query_opt(JOB_SQL, &[&id, &queue])
         .await?
         .ok_or_else(|| Failure::NotFound(format!("no job {id}")))?;
     let state: String = r.get(2);
@@ -343,25 +426,29 @@ mod tests {
     #[test]
     fn an_id_and_a_key_are_searched_by_index() {
         let caps = Capabilities { may_read_dedup_keys: true, ..Default::default() };
-        let (sql, params) = search_sql(&search(&[("id", "7"), ("queue", "emails"), ("key", "k-1")]), &caps).unwrap();
-        assert_eq!(
-            sql,
-            "msg_id = $1 AND queue = $2 AND msg_id = ANY (ARRAY(SELECT k.msg_id FROM pgqueue.dedup_keys k \
-             WHERE k.dedup_key = $3 AND k.queue = $2))"
-        );
-        assert_eq!(params.len(), 3);
-        let (sql, _) = search_sql(&search(&[("key", "k-1")]), &Capabilities::default()).unwrap();
+        let keyed = Scope { keyed: Some(vec![("emails".into(), 7), ("emails".into(), 9)]), ..Scope::default() };
+        let (sql, params) =
+            search_sql(&search(&[("id", "7"), ("queue", "emails"), ("key", "k-1")]), &caps, &keyed).unwrap();
+        assert_eq!(sql, "msg_id = $1 AND queue = $2 AND queue = ANY ($3) AND msg_id = ANY ($4)");
+        assert_eq!(params.len(), 4);
+        let located = Scope { id_in: Some(Some("emails".into())), ..Scope::default() };
+        let (sql, _) = search_sql(&search(&[("id", "7")]), &caps, &located).unwrap();
+        assert_eq!(sql, "msg_id = $1 AND queue = $2", "an id is looked for within the queue found to hold it");
+        assert!(Scope { id_in: Some(None), ..Scope::default() }.is_empty(), "no queue holds it: nothing to search");
+        assert!(Scope { keyed: Some(vec![]), ..Scope::default() }.is_empty(), "no message holds the key");
+        let (sql, _) = search_sql(&search(&[("key", "k-1")]), &Capabilities::default(), &Scope::default()).unwrap();
         assert_eq!(sql, "dedup_key = $1", "without SELECT on dedup_keys, the view's column");
     }
 
     #[test]
     fn filters_are_checked_before_the_database_sees_them() {
         let caps = Capabilities::default();
-        assert!(matches!(search_sql(&search(&[("id", "x")]), &caps), Err(Failure::BadRequest(_))));
-        assert!(matches!(search_sql(&search(&[("state", "lost")]), &caps), Err(Failure::BadRequest(_))));
-        assert!(matches!(search_sql(&search(&[("payload", "{nope")]), &caps), Err(Failure::BadRequest(_))));
-        let (sql, _) = search_sql(&search(&[("payload", r#"{"a": 1}"#), ("error", "50%")]), &caps).unwrap();
+        let none = Scope::default();
+        assert!(matches!(search_sql(&search(&[("id", "x")]), &caps, &none), Err(Failure::BadRequest(_))));
+        assert!(matches!(search_sql(&search(&[("state", "lost")]), &caps, &none), Err(Failure::BadRequest(_))));
+        assert!(matches!(search_sql(&search(&[("payload", "{nope")]), &caps, &none), Err(Failure::BadRequest(_))));
+        let (sql, _) = search_sql(&search(&[("payload", r#"{"a": 1}"#), ("error", "50%")]), &caps, &none).unwrap();
         assert_eq!(sql, "payload @> $1::text::jsonb AND last_error ILIKE '%' || $2::text || '%'");
-        assert_eq!(search_sql(&Search::default(), &caps).unwrap().0, "true");
+        assert_eq!(search_sql(&Search::default(), &caps, &none).unwrap().0, "true");
     }
 }

@@ -1,13 +1,13 @@
 //! The pages: each reads pgqueue's views (and, from 0.12.0, `pgqueue.jobs`,
-//! `queue_minutes` and `audit_log`) and renders a template. Where this role may not read
+//! `queue_minutes` and `audit_log`; from 0.13.0, `queue_overview`) and renders a template. Where this role may not read
 //! something, or this pgqueue lacks it, the page says so instead of failing.
 
 mod jobs;
 mod queues;
 mod system;
 
-pub use jobs::{dead, job, jobs};
-pub use queues::{overview, queue, schedules};
+pub use jobs::{JOB_SQL, dead, job, jobs};
+pub use queues::{COUNTS_SQL, LAST_HOUR_SQL, overview, queue, schedules};
 pub use system::{audit, login_form, login_page, settings};
 
 use crate::db::{Capabilities, Failure, is_denied, is_missing};

@@ -86,19 +86,20 @@ impl Hour {
     }
 }
 
+/// The last hour's minute rollups of every queue ($1 NULL) or one: queue by queue through the
+/// primary key, so the hour's rows only are read, not the retention's.
+pub const LAST_HOUR_SQL: &str = "SELECT q.queue,
+        (extract(epoch FROM m.minute - (date_trunc('minute', now()) - interval '59 minutes')) / 60)::int,
+        m.sent, m.completed, m.dead, m.retried, m.ready, m.delayed, m.claimed
+   FROM pgqueue.queues q
+   JOIN LATERAL (SELECT * FROM pgqueue.queue_minutes m
+      WHERE m.queue = q.queue AND m.minute > date_trunc('minute', now()) - interval '60 minutes'
+      ORDER BY m.minute) m ON true
+              WHERE $1::text IS NULL OR q.queue = $1";
+
 /// The last hour of `pgqueue.queue_minutes`, by queue (all queues, or one).
 async fn last_hour(client: &Object, queue: Option<&str>) -> Result<HashMap<String, Hour>, Failure> {
-    let rows = client
-        .query(
-            "SELECT queue,
-                    (extract(epoch FROM minute - (date_trunc('minute', now()) - interval '59 minutes')) / 60)::int,
-                    sent, completed, dead, retried, ready, delayed, claimed
-               FROM pgqueue.queue_minutes
-              WHERE minute > date_trunc('minute', now()) - interval '60 minutes'
-                AND ($1::text IS NULL OR queue = $1)",
-            &[&queue],
-        )
-        .await?;
+    let rows = client.query(LAST_HOUR_SQL, &[&queue]).await?;
     let mut out: HashMap<String, Hour> = HashMap::new();
     for r in rows {
         let slot: i32 = r.get(1);
@@ -169,39 +170,61 @@ async fn worker(client: &Object) -> Result<Option<Worker>, Failure> {
     }))
 }
 
+/// The counts of every queue ($1 NULL) or one, for the overview and a queue's page.
+pub const COUNTS_SQL: &str = "SELECT queue, paused, ready, delayed, claimed, expired_claims, dead,
+        extract(epoch FROM oldest_ready_age)::float8, waiting_claims, tracked
+   FROM pgqueue.queue_overview WHERE $1::text IS NULL OR queue = $1 ORDER BY queue";
+
+/// The queues' counts (all, or one) from `pgqueue.queue_overview`, which reads O(queues)
+/// buffers whatever the backlog and history; with whether the shared state tracks each. A
+/// queue whose counts the shared state does not know (a new queue before the worker's next
+/// tick, the library not preloaded) is counted by `pgqueue.queue_stats`, one statement per
+/// queue: each commits on its own, holding only that queue's partitions' locks.
+async fn counts(client: &Object, queue: Option<&str>) -> Result<Vec<(QueueRow, bool)>, Failure> {
+    let rows = client.query(COUNTS_SQL, &[&queue]).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let mut known: [Option<i64>; 4] = [r.get(2), r.get(3), r.get(4), r.get(6)];
+        let queue: String = r.get(0);
+        if known.iter().any(Option::is_none) {
+            if let Some(c) = client
+                .query_opt("SELECT ready, delayed, claimed, dead FROM pgqueue.queue_stats WHERE queue = $1", &[&queue])
+                .await?
+            {
+                known = [c.get(0), c.get(1), c.get(2), c.get(3)];
+            }
+        }
+        let [ready, delayed, claimed, dead] = known.map(|n| n.unwrap_or(0));
+        let row = QueueRow {
+            paused: r.get(1),
+            ready,
+            delayed,
+            claimed,
+            expired: r.get(5),
+            dead,
+            oldest_ready: duration(r.get(7)),
+            waiting: r.get(8),
+            spark: None,
+            queue,
+        };
+        out.push((row, r.get(9)));
+    }
+    Ok(out)
+}
+
 pub async fn overview(State(app): Shared, Extension(visitor): Extension<Visitor>) -> Response {
     render(&visitor, async {
         let (client, caps) = app.connect().await?;
-        let rows = client
-            .query(
-                "SELECT s.queue, s.paused, s.ready, s.delayed, s.claimed, s.expired_claims, s.dead,
-                        extract(epoch FROM s.oldest_ready_age)::float8, coalesce(d.waiting_claims, 0)
-                   FROM pgqueue.queue_stats s LEFT JOIN pgqueue.queue_depth d USING (queue)
-                  ORDER BY s.queue",
-                &[],
-            )
-            .await?;
+        let counted = counts(&client, None).await?;
         let (hours, charts_note) = match avail(last_hour(&client, None).await, "charts")? {
             Avail::Yes(h) => (Some(h), None),
             Avail::No(note) => (None, Some(note)),
         };
-        let queues = rows
-            .iter()
-            .map(|r| {
-                let queue: String = r.get(0);
-                let spark = hours.as_ref().map(|h| throughput_spark(h.get(&queue).unwrap_or(&Hour::idle())));
-                QueueRow {
-                    paused: r.get(1),
-                    ready: r.get(2),
-                    delayed: r.get(3),
-                    claimed: r.get(4),
-                    expired: r.get(5),
-                    dead: r.get(6),
-                    oldest_ready: duration(r.get(7)),
-                    waiting: r.get(8),
-                    spark,
-                    queue,
-                }
+        let queues = counted
+            .into_iter()
+            .map(|(mut q, _)| {
+                q.spark = hours.as_ref().map(|h| throughput_spark(h.get(&q.queue).unwrap_or(&Hour::idle())));
+                q
             })
             .collect();
         let worker = worker(&client).await?;
@@ -285,15 +308,9 @@ async fn schedules_of(client: &Object, queue: Option<&str>) -> Result<Vec<Schedu
 pub async fn queue(State(app): Shared, Extension(visitor): Extension<Visitor>, Path(queue): Path<String>) -> Response {
     render(&visitor, async {
         let (client, caps) = app.connect().await?;
-        let row = client
-            .query_opt(
-                "SELECT s.queue, s.paused, s.ready, s.delayed, s.claimed, s.expired_claims, s.dead,
-                        extract(epoch FROM s.oldest_ready_age)::float8, coalesce(d.waiting_claims, 0), coalesce(d.tracked, false)
-                   FROM pgqueue.queue_stats s LEFT JOIN pgqueue.queue_depth d USING (queue)
-                  WHERE s.queue = $1",
-                &[&queue],
-            )
+        let (q, tracked) = counts(&client, Some(&queue))
             .await?
+            .pop()
             .ok_or_else(|| Failure::NotFound(format!("no queue {queue}")))?;
         let hour = avail(last_hour(&client, Some(&queue)).await, "charts")?;
         let (depth_chart, throughput_chart) = match hour {
@@ -369,20 +386,8 @@ pub async fn queue(State(app): Shared, Extension(visitor): Extension<Visitor>, P
             "in-flight claims (pgqueue.jobs)",
         )?;
         let schedules = schedules_of(&client, Some(&queue)).await?;
-        let q = QueueRow {
-            queue: row.get(0),
-            paused: row.get(1),
-            ready: row.get(2),
-            delayed: row.get(3),
-            claimed: row.get(4),
-            expired: row.get(5),
-            dead: row.get(6),
-            oldest_ready: duration(row.get(7)),
-            waiting: row.get(8),
-            spark: None,
-        };
         let ctx = Ctx::new(format!("Queue {queue}"), "overview", visitor.clone(), caps);
-        let page = QueuePage { ctx, q, tracked: row.get(9), settings, claims, depth_chart, throughput_chart, schedules };
+        let page = QueuePage { ctx, q, tracked, settings, claims, depth_chart, throughput_chart, schedules };
         Ok(html(StatusCode::OK, &page))
     })
     .await
