@@ -233,6 +233,8 @@ pub fn recount_dead(queue: &str, before: i64) {
     else {
         return; // dropped meanwhile
     };
+    // In pgq_tick() the count sees what the caller's transaction did, which its commit adds.
+    let counted = counted - crate::pending::uncommitted_depth(&key, queue_state::State::Dead);
     queue_state::with_lock(true, |table| {
         if let Some(entry) = table.entry(&key, false) {
             entry.set_dead(counted + (entry.dead_raw() - before));

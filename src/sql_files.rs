@@ -15,13 +15,8 @@ pgrx::extension_sql_file!("../sql/audit.sql", name = "audit", requires = ["maint
 pgrx::extension_sql_file!(
     "../sql/stats.sql",
     name = "stats",
-    requires = [
-        "audit",
-        reconcile::_queue_depth,
-        reconcile::_dead_letters,
-        queue_state::_shared_state,
-        schedule::_local_time
-    ]
+    requires =
+        ["audit", reconcile::_queue_depth, reconcile::_dead_letters, queue_state::_shared_state, schedule::_local_time]
 );
 pgrx::extension_sql_file!(
     "../sql/comments.sql",

@@ -710,9 +710,9 @@ fn dead_letter_counts_follow_commits_and_are_recounted_by_the_tick() {
                 "SELECT pgqueue.pgq_fail(m.msg_id, m.claim_token, 'step {step}')
                    FROM pgqueue.pgq_claim('{q}', 2) m"
             ),
-            (1, Some(_)) | (2, None) => format!(
-                "SELECT pgqueue.pgq_nack(m.msg_id, m.claim_token) FROM pgqueue.pgq_claim('{q}', 1) m"
-            ),
+            (1, Some(_)) | (2, None) => {
+                format!("SELECT pgqueue.pgq_nack(m.msg_id, m.claim_token) FROM pgqueue.pgq_claim('{q}', 1) m")
+            }
             (2, Some(id)) => format!("SELECT pgqueue.pgq_redrive('{q}', ARRAY[{id}]::bigint[])"),
             (3, Some(id)) => format!("SELECT pgqueue.pgq_delete_dead('{q}', ARRAY[{id}]::bigint[])"),
             (4, _) => format!("SELECT pgqueue.pgq_redrive('{q}')"),

@@ -11,7 +11,7 @@ CREATE FUNCTION pgqueue."_dead_letters"() RETURNS TABLE (
 	"queue" TEXT,  /* alloc::string::String */
 	"dead" bigint  /* core::option::Option<i64> */
 )
-VOLATILE PARALLEL UNSAFE
+STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', '_dead_letters_wrapper';
 

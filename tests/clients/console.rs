@@ -157,7 +157,7 @@ fn the_overview_and_queue_pages_read_o_queues_buffers() {
         c.batch_execute(&format!(
             "SELECT pgqueue.pgq_create_queue('{name}', max_attempts => 1);
              SELECT pgqueue.pgq_send_batch('{name}', array_fill('{{}}'::jsonb, ARRAY[4]));
-             SELECT pgqueue.pgq_send('{name}', '{{}}', priority => 5);
+             SELECT pgqueue.pgq_send('{name}', '{{}}', priority => 5::smallint);
              SELECT pgqueue.pgq_send('{name}', '{{}}', delay => '1 hour');
              INSERT INTO pgqueue.queue_minutes (queue, minute, sent, completed)
              SELECT '{name}', date_trunc('minute', now()) - m * interval '1 minute', 10, 10 FROM generate_series(1, 60) m;"
@@ -169,7 +169,8 @@ fn the_overview_and_queue_pages_read_o_queues_buffers() {
         common::kit::claim_one(&mut c, &name, Some("1 ms"));
     }
     // The worker is off: pgq_tick() counts what the shared state does not know yet.
-    c.batch_execute("SELECT * FROM pgqueue.pgq_tick(); ANALYZE").unwrap();
+    c.batch_execute("SELECT * FROM pgqueue.pgq_tick()").unwrap();
+    c.batch_execute("ANALYZE").unwrap();
     let measure = |c: &mut postgres::Client| {
         let all: Option<String> = None;
         let one = Some("sized_0".to_string());
@@ -199,23 +200,32 @@ fn the_overview_and_queue_pages_read_o_queues_buffers() {
         ))
         .unwrap();
     }
-    c.batch_execute(
-        "SELECT pgqueue.pgq_send_batch('sized_0', array_fill('{}'::jsonb, ARRAY[20000]));
-         VACUUM ANALYZE pgqueue.history; VACUUM ANALYZE pgqueue.messages; VACUUM ANALYZE pgqueue.queue_minutes;
-         SELECT * FROM pgqueue.pgq_tick();",
-    )
-    .unwrap();
+    // (Each its own statement: a batch is one transaction, and VACUUM runs outside any.)
+    for sql in [
+        "SELECT pgqueue.pgq_send_batch('sized_0', array_fill('{}'::jsonb, ARRAY[10000]))",
+        "SELECT pgqueue.pgq_send_batch('sized_0', array_fill('{}'::jsonb, ARRAY[10000]))",
+        "VACUUM ANALYZE pgqueue.history",
+        "VACUUM ANALYZE pgqueue.messages",
+        "VACUUM ANALYZE pgqueue.queue_minutes",
+        "SELECT * FROM pgqueue.pgq_tick()",
+    ] {
+        c.batch_execute(sql).unwrap();
+    }
     let large = measure(&mut c);
 
     let what = ["overview counts", "overview last hour", "queue page counts", "queue page last hour", "job by id"];
     for ((name, (before, _)), (after, plan)) in what.iter().zip(&small).zip(&large) {
         println!("{name}: {before} buffers, then {after} with a hundred times the history");
-        // A btree may grow a level: a few buffers a queue, never a share of the rows added.
-        assert!(*after <= before + 3 * QUEUES + 10, "{name}: {before} -> {after} buffers\n{plan}");
         if !name.starts_with("job") {
+            // A btree may grow a level: a buffer more for each of a queue's few index probes,
+            // never a share of the rows added.
+            assert!(*after <= before + 6 * QUEUES + 10, "{name}: {before} -> {after} buffers\n{plan}");
             assert!(!plan.contains("history_"), "{name} reads history:\n{plan}");
         } else {
-            assert!(!plan.contains("\"Seq Scan\""), "the job by id is not found through an index:\n{plan}");
+            // Through the BRIN index of the partition that holds it: at most the block ranges
+            // (128 pages each) whose ids span it, whatever the partition's size.
+            assert!(*after <= 2 * 128 + 20, "{name}: {before} -> {after} buffers\n{plan}");
+            assert!(plan.contains("_ids\""), "the job by id is not found through an index:\n{plan}");
         }
     }
     // The counts the overview shows are the exact ones.

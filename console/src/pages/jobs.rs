@@ -319,7 +319,8 @@ pub async fn job(
 }
 
 /// A job by id ($1) and queue ($2): that queue's history partitions only, through an index.
-pub const JOB_SQL: &str = "SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, visible_at, claimed_at,
+pub const JOB_SQL: &str =
+    "SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, visible_at, claimed_at,
         consumer, lease_expires_at, extract(epoch FROM lease_expires_at - now())::float8,
         finished_at, last_error, dedup_key
    FROM pgqueue.jobs WHERE msg_id = $1 AND queue = $2
@@ -332,10 +333,8 @@ async fn job_detail(client: &Object, id: i64, queue: Option<&str>) -> Result<Job
         Some(q) => q.to_string(),
         None => locate(client, id).await?.ok_or_else(|| Failure::NotFound(format!("no job {id}")))?,
     };
-    let r = client
-        .query_opt(JOB_SQL, &[&id, &queue])
-        .await?
-        .ok_or_else(|| Failure::NotFound(format!("no job {id}")))?;
+    let r =
+        client.query_opt(JOB_SQL, &[&id, &queue]).await?.ok_or_else(|| Failure::NotFound(format!("no job {id}")))?;
     let state: String = r.get(2);
     Ok(JobDetail {
         msg_id: r.get(0),

@@ -186,13 +186,12 @@ async fn counts(client: &Object, queue: Option<&str>) -> Result<Vec<(QueueRow, b
     for r in rows {
         let mut known: [Option<i64>; 4] = [r.get(2), r.get(3), r.get(4), r.get(6)];
         let queue: String = r.get(0);
-        if known.iter().any(Option::is_none) {
-            if let Some(c) = client
+        if known.iter().any(Option::is_none)
+            && let Some(c) = client
                 .query_opt("SELECT ready, delayed, claimed, dead FROM pgqueue.queue_stats WHERE queue = $1", &[&queue])
                 .await?
-            {
-                known = [c.get(0), c.get(1), c.get(2), c.get(3)];
-            }
+        {
+            known = [c.get(0), c.get(1), c.get(2), c.get(3)];
         }
         let [ready, delayed, claimed, dead] = known.map(|n| n.unwrap_or(0));
         let row = QueueRow {
