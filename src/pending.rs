@@ -167,9 +167,8 @@ pub fn makes_ready_uncommitted(key: &Key) -> bool {
 /// What this transaction's notes, not yet applied, move `key`'s `state` count by: a count made
 /// inside the transaction sees those changes already.
 pub fn uncommitted_depth(key: &Key, state: State) -> i64 {
-    NOTES.with_borrow(|notes| {
-        notes.iter().filter(|n| n.key == *key && !n.undone).map(|n| n.depth[state as usize]).sum()
-    })
+    NOTES
+        .with_borrow(|notes| notes.iter().filter(|n| n.key == *key && !n.undone).map(|n| n.depth[state as usize]).sum())
 }
 
 /// Registers the callbacks for this process (whenever the library is loaded).

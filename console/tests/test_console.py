@@ -248,7 +248,8 @@ def test_search_finds_a_job_by_a_payload_field(page, db):
         assert page.locator("#jobs tbody tr").evaluate_all("rows => rows.map(r => r.dataset.msgId)") == [str(keyed)]
     # By id, and from there the job's page.
     page.goto(f"{ADMIN_URL}/jobs?id={wanted}")
-    page.click(f'#jobs a[href="/jobs/{wanted}"]')
+    # The link carries the job's queue: only that queue's history is read.
+    page.click(f'#jobs a[href="/jobs/{wanted}?queue={q}"]')
     page.wait_for_load_state()
     assert json.loads(page.locator("#payload").inner_text()) == {"order": 4242, "customer": f"zed-{q}"}
 
