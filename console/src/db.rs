@@ -7,7 +7,7 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 /// The oldest extension version with everything the console reads and calls.
-pub const REQUIRED_VERSION: &str = "0.12.0";
+pub const REQUIRED_VERSION: &str = "0.13.0";
 
 /// A pool of a few connections. Each is checked before it is handed out, so after a server
 /// restart the dead ones are dropped and new ones made; while the server is away, getting
@@ -208,7 +208,7 @@ impl Capabilities {
             None => Some("pgqueue is not installed in this database (CREATE EXTENSION pgqueue)".into()),
             Some(v) if older(v, REQUIRED_VERSION) => Some(format!(
                 "pgqueue {v} is installed here; the console needs {REQUIRED_VERSION} (ALTER EXTENSION pgqueue UPDATE): \
-                 charts, job search, dead letters and the audit log are unavailable until then"
+                 the overview, charts, job search, dead letters and the audit log are unavailable until then"
             )),
             Some(_) => None,
         }
@@ -249,7 +249,7 @@ mod tests {
     fn read_only_reasons() {
         let admin = Capabilities {
             role: "ops".into(),
-            ext_version: Some("0.12.0".into()),
+            ext_version: Some("0.13.0".into()),
             may_pause_queue: true,
             may_redrive: true,
             may_audit: true,
@@ -258,7 +258,7 @@ mod tests {
         assert!(admin.acts());
         assert!(Capabilities { in_recovery: true, ..admin.clone() }.read_only_reason().unwrap().contains("standby"));
         assert!(!Capabilities { forced_read_only: true, ..admin.clone() }.acts());
-        let monitor = Capabilities { role: "watcher".into(), ext_version: Some("0.12.0".into()), ..Default::default() };
+        let monitor = Capabilities { role: "watcher".into(), ext_version: Some("0.13.0".into()), ..Default::default() };
         assert!(monitor.read_only_reason().unwrap().contains("watcher"));
         assert!(!monitor.redrive());
     }

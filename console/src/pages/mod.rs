@@ -50,7 +50,7 @@ pub(crate) fn avail<T>(result: Result<T, Failure>, what: &str) -> Result<Avail<T
     match result {
         Ok(v) => Ok(Avail::Yes(v)),
         Err(f) if is_missing(&f) => {
-            Ok(Avail::No(format!("{what} unavailable: this pgqueue has no such object (needs 0.12.0)")))
+            Ok(Avail::No(format!("{what} unavailable: this pgqueue has no such object (needs 0.13.0)")))
         }
         Err(f) if is_denied(&f) => {
             Ok(Avail::No(format!("{what} unavailable: this role may not read it ({})", f.message())))
