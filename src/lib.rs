@@ -23,6 +23,7 @@ mod partition_files;
 mod pending;
 mod queue_state;
 mod reconcile;
+mod recount;
 mod rollup;
 mod schedule;
 mod sql_files;

@@ -189,7 +189,10 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut c
         XACT_EVENT_ABORT => finish(false),
         // A prepared transaction commits elsewhere, later: its messages are found by the
         // worker's check at the next tick.
-        XACT_EVENT_PREPARE => NOTES.with_borrow_mut(Vec::clear),
+        XACT_EVENT_PREPARE => {
+            NOTES.with_borrow_mut(Vec::clear);
+            queue_state::commit_ends();
+        }
         _ => {}
     }
 }
@@ -230,6 +233,9 @@ unsafe extern "C-unwind" fn on_subxact(
 
 fn pre_commit() {
     NOTES.with_borrow_mut(|notes| {
+        if notes.iter().any(|n| !n.undone) {
+            queue_state::commit_starts();
+        }
         let ready: Vec<&Note> = notes.iter().filter(|n| n.makes_ready() && !n.undone).collect();
         if ready.is_empty() {
             return;
@@ -260,11 +266,19 @@ fn pre_commit() {
 
 fn finish(committed: bool) {
     let notes = NOTES.with_borrow_mut(std::mem::take);
-    if notes.is_empty() {
+    if !committed {
+        queue_state::commit_ends();
+        apply_rollback(&notes);
         return;
     }
-    if !committed {
-        apply_rollback(&notes);
+    // Cleared under the lock that applies the moves (a recount's snapshot is taken under the
+    // exclusive lock: it sees this commit either applied or under way), and at last anyway.
+    apply(&notes);
+    queue_state::commit_ends();
+}
+
+fn apply(notes: &[Note]) {
+    if notes.is_empty() {
         return;
     }
     // Most commits (claims, acks) only move depths and lower the in-flight floor: atomics,
@@ -284,6 +298,7 @@ fn finish(committed: bool) {
                         entry.add_events(&note.events);
                     }
                 }
+                queue_state::commit_ends();
             }
             found
         })
@@ -327,6 +342,7 @@ fn finish(committed: bool) {
                 entry.wake_all();
             }
         }
+        queue_state::commit_ends();
     });
 }
 

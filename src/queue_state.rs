@@ -16,8 +16,8 @@ use pgrx::prelude::*;
 use std::ffi::c_void;
 use std::mem::size_of;
 use std::ptr::null_mut;
-use std::sync::atomic::AtomicI64;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicI64, AtomicU32};
 
 /// Queue names are at most 40 bytes (`pgqueue._check_queue_name`).
 const NAME_LEN: usize = 44;
@@ -154,6 +154,11 @@ struct Header {
 
 static mut HEADER: *mut Header = null_mut();
 static mut TABLE: *mut pg_sys::HTAB = null_mut();
+/// Commits under way that move counters: slot 0 counts processes without a slot of their
+/// own, then one per server process, holding its top transaction id (0: none). Set at
+/// pre-commit, before others can see the commit, and cleared under the table's lock once
+/// its moves are applied (see `pending.rs`, `recount.rs`).
+static mut COMMITTING: *mut AtomicU32 = null_mut();
 static mut PREVIOUS_REQUEST: pg_sys::shmem_request_hook_type = None;
 static mut PREVIOUS_STARTUP: pg_sys::shmem_startup_hook_type = None;
 
@@ -175,7 +180,16 @@ fn capacity() -> i64 {
 fn size() -> usize {
     // SAFETY: pure size arithmetic.
     let table = unsafe { pg_sys::hash_estimate_size(capacity() as _, size_of::<Entry>()) };
-    size_of::<Header>().next_multiple_of(16) + table
+    size_of::<Header>().next_multiple_of(16) + table + committing_size().next_multiple_of(16)
+}
+
+fn slots() -> usize {
+    // SAFETY: set by the postmaster before shared memory is requested.
+    1 + unsafe { pg_sys::MaxBackends }.max(0) as usize
+}
+
+fn committing_size() -> usize {
+    slots() * size_of::<AtomicU32>()
 }
 
 #[pg_guard]
@@ -221,6 +235,11 @@ unsafe extern "C-unwind" fn startup() {
             &mut info,
             (pg_sys::HASH_ELEM | pg_sys::HASH_BLOBS) as i32,
         );
+        let committing = pg_sys::ShmemInitStruct(c"pgqueue commits".as_ptr(), committing_size(), &mut found);
+        if !found {
+            std::ptr::write_bytes(committing as *mut u8, 0, committing_size());
+        }
+        COMMITTING = committing as *mut AtomicU32;
         HEADER = header;
         pg_sys::LWLockRelease(init_lock);
     }
@@ -253,7 +272,62 @@ pub fn with_lock<R>(exclusive: bool, f: impl FnOnce(&mut Locked) -> R) -> Option
     }
 }
 
+thread_local! {
+    /// This process's slot in COMMITTING while a commit of its own is under way.
+    static MY_COMMIT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// This transaction commits moves of counters (called at pre-commit, before anyone can see
+/// the commit).
+pub fn commit_starts() {
+    // SAFETY: reads of this process's transaction and of its place in the proc array, set
+    // for its life; the slot is this process's own.
+    unsafe {
+        let xid = pg_sys::GetTopTransactionIdIfAny();
+        if COMMITTING.is_null() || xid == pg_sys::InvalidTransactionId || MY_COMMIT.get().is_some() {
+            return;
+        }
+        let index = pg_sys::MyProc.offset_from((*pg_sys::ProcGlobal).allProcs);
+        let slot = usize::try_from(index + 1).ok().filter(|&i| i < slots()).unwrap_or(0);
+        let cell = &*COMMITTING.add(slot);
+        if slot == 0 {
+            cell.fetch_add(1, SeqCst);
+        } else {
+            cell.store(xid.into_inner(), SeqCst);
+        }
+        MY_COMMIT.set(Some(slot));
+    }
+}
+
+/// This transaction's moves are applied, or it rolled back. With a commit, called under the
+/// lock that applied them.
+pub fn commit_ends() {
+    let Some(slot) = MY_COMMIT.take() else { return };
+    // SAFETY: the slot this process took in commit_starts.
+    let cell = unsafe { &*COMMITTING.add(slot) };
+    if slot == 0 {
+        cell.fetch_sub(1, SeqCst);
+    } else {
+        cell.store(0, SeqCst);
+    }
+}
+
 impl Locked {
+    /// Whether `snapshot` sees a commit whose moves are not applied yet (a count in it would
+    /// count that commit twice). Under the exclusive lock, which applying them needs.
+    pub fn sees_commits_under_way(&self, snapshot: pg_sys::Snapshot) -> bool {
+        (0..slots()).any(|slot| {
+            // SAFETY: slots are atomics in shared memory, there for the server's life.
+            let value = unsafe { (*COMMITTING.add(slot)).load(SeqCst) };
+            // A transaction that was committing when the snapshot was taken and is not in
+            // progress in it has committed before it.
+            value != 0
+                && (slot == 0
+                    // SAFETY: a read of the snapshot, which the caller holds.
+                    || !unsafe { pg_sys::XidInMVCCSnapshot(pg_sys::TransactionId::from(value), snapshot) })
+        })
+    }
+
     /// The entry of `key`; with `create`, made if missing and the table has room.
     /// An entry can still be made.
     pub fn has_room(&self) -> bool {
@@ -541,19 +615,19 @@ impl Entry {
         }
     }
 
-    /// (ready, delayed, claimed), as counted.
-    pub fn set_depth(&mut self, depth: [i64; 3]) {
-        for (d, n) in self.depth.iter().zip(depth) {
-            d.store(n, Relaxed);
-        }
-        self.depth_known = true;
+    /// The counter of `state` as commits moved it, known or not (see `recount.rs`).
+    pub fn raw(&self, state: State) -> i64 {
+        self.depth[state as usize].load(Relaxed)
     }
 
-    /// Dead letters, as counted.
-    pub fn set_dead(&mut self, dead: i64) {
-        self.depth[State::Dead as usize].store(dead, Relaxed);
-        self.dead_known = true;
-        self.dead_stale = false;
+    /// `state` counted as `counted` when the counter read `before`: it keeps what commits
+    /// moved it by since.
+    pub fn recounted(&mut self, state: State, counted: i64, before: i64) {
+        self.depth[state as usize].fetch_add(counted - before, Relaxed);
+        match state {
+            State::Dead => (self.dead_known, self.dead_stale) = (true, false),
+            _ => self.depth_known = true,
+        }
     }
 
     /// Asks the tick to recount the dead letters (what it shows meanwhile is kept).
@@ -564,11 +638,6 @@ impl Entry {
     /// Dead letters when known, never negative.
     pub fn dead(&self) -> Option<i64> {
         self.dead_known.then(|| self.depth[State::Dead as usize].load(Relaxed).max(0))
-    }
-
-    /// The count as moved by commits, known or not (see `reconcile::recount_dead`).
-    pub fn dead_raw(&self) -> i64 {
-        self.depth[State::Dead as usize].load(Relaxed)
     }
 
     /// The tick should recount the dead letters.

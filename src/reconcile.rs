@@ -3,11 +3,12 @@
 //! lowered if it is above it; priorities nobody announced are added; the next due time is
 //! lowered to the earliest delayed message; entries of dropped queues are removed. A missed
 //! lowering (a prepared transaction, a change made outside the API, a bug) therefore delays
-//! a message by one tick at most. Approximate depths are recounted when asked; dead letters
-//! one queue per transaction (`recount_dead`).
+//! a message by one tick at most. Depths are recounted when asked (`recount.rs`: exact while
+//! commits go on); dead letters one queue per transaction (`recount_dead`).
 //! Also: the `pgqueue.queue_depth` view's numbers.
 
-use crate::queue_state::{self, Key};
+use crate::queue_state::{self, Key, State};
+use crate::recount;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -72,7 +73,6 @@ pub fn run(recount: bool, current_sql: bool) -> i64 {
             continue;
         }
         let found = claimable(&queue, &s.priorities);
-        let depth = (recount || !s.depth_known).then(|| depth(&queue));
         queue_state::with_lock(true, |table| {
             let Some(entry) = table.entry(&s.key, false) else { return };
             let known = entry.is_known();
@@ -100,14 +100,15 @@ pub fn run(recount: bool, current_sql: bool) -> i64 {
                 }
             }
             entry.mark_known();
-            if let Some(depth) = depth {
-                entry.set_depth(depth);
-            }
             // A sleeper while messages are claimable: someone missed a wake-up.
             if lowered || (any && s.waiters > 0) {
                 entry.wake(1);
             }
         });
+        if recount || !s.depth_known {
+            let depths = [State::Ready, State::Delayed, State::Claimed];
+            recount::recount(&queue, "SELECT ready, delayed, claimed FROM pgqueue._depth($1)", &depths);
+        }
     }
     corrections
 }
@@ -129,15 +130,6 @@ fn claimable(queue: &str, priorities: &[i16]) -> Vec<(Option<i16>, Option<i64>, 
             .collect::<Result<Vec<_>, pgrx::spi::Error>>()
     })
     .unwrap_or_else(|e| error!("{e}"))
-}
-
-fn depth(queue: &str) -> [i64; 3] {
-    let (ready, delayed, claimed) = Spi::get_three_with_args::<i64, i64, i64>(
-        "SELECT ready, delayed, claimed FROM pgqueue._depth($1)",
-        &[queue.into()],
-    )
-    .unwrap_or_else(|e| error!("{e}"));
-    [ready.unwrap_or(0), delayed.unwrap_or(0), claimed.unwrap_or(0)]
 }
 
 /// This database's queues as the shared state sees them (for `pgqueue.queue_depth`).
@@ -186,24 +178,23 @@ fn _queue_depth() -> TableIterator<
 }
 
 /// Queues of this database whose dead letters are due for a recount (unknown, or validated
-/// at the prune cadence), in name order from after `after` round to it, with the count each
-/// shows now (for `recount_dead`).
-pub fn dead_due(after: &str) -> Vec<(String, i64)> {
+/// at the prune cadence), in name order from after `after` round to it.
+pub fn dead_due(after: &str) -> Vec<String> {
     // SAFETY: a plain read of this backend's database.
     let db = unsafe { pg_sys::MyDatabaseId };
-    let mut due: Vec<(String, i64)> = queue_state::with_lock(false, |table| {
+    let mut due: Vec<String> = queue_state::with_lock(false, |table| {
         table
             .entries()
             .into_iter()
             // SAFETY: entries from the scan, read under the lock.
             .map(|e| unsafe { &*e })
             .filter(|e| e.db() == db && e.key().is_queue() && e.dead_due())
-            .map(|e| (e.key().queue(), e.dead_raw()))
+            .map(|e| e.key().queue())
             .collect()
     })
     .unwrap_or_default();
     due.sort();
-    let start = due.partition_point(|(q, _)| q.as_str() <= after);
+    let start = due.partition_point(|q| q.as_str() <= after);
     due.rotate_left(start);
     due
 }
@@ -223,23 +214,9 @@ pub fn mark_dead_stale() {
     });
 }
 
-/// Counts `queue`'s dead letters (its own history partitions only) and stores the count,
-/// plus what commits moved it by since `before` was read (read before this transaction's
-/// snapshot, so commits the count missed are kept).
-pub fn recount_dead(queue: &str, before: i64) {
-    let Some(key) = Key::new(queue) else { return };
-    let Some(counted) = Spi::get_one_with_args::<i64>("SELECT pgqueue._dead_count($1)", &[queue.into()])
-        .unwrap_or_else(|e| error!("{e}"))
-    else {
-        return; // dropped meanwhile
-    };
-    // In pgq_tick() the count sees what the caller's transaction did, which its commit adds.
-    let counted = counted - crate::pending::uncommitted_depth(&key, queue_state::State::Dead);
-    queue_state::with_lock(true, |table| {
-        if let Some(entry) = table.entry(&key, false) {
-            entry.set_dead(counted + (entry.dead_raw() - before));
-        }
-    });
+/// Counts `queue`'s dead letters (its own history partitions only) and stores the count.
+pub fn recount_dead(queue: &str) {
+    recount::recount(queue, "SELECT pgqueue._dead_count($1)", &[State::Dead]);
 }
 
 /// This database's queues' dead letters as the shared state counts them (for

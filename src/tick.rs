@@ -304,8 +304,8 @@ fn count_dead(bracket: Bracket, out: &mut Outcome) {
     // In pgq_tick() the locks of every bracket last until its caller's commit.
     let (budget, most) = (guc::tick_interval() / 10, if bracket.is_transaction() { 1000 } else { 50 });
     let start = Instant::now();
-    for (queue, before) in LAST.with_borrow(|last| crate::reconcile::dead_due(last)).into_iter().take(most) {
-        let counted = step(bracket, out, "reconcile", || crate::reconcile::recount_dead(&queue, before));
+    for queue in LAST.with_borrow(|last| crate::reconcile::dead_due(last)).into_iter().take(most) {
+        let counted = step(bracket, out, "reconcile", || crate::reconcile::recount_dead(&queue));
         LAST.set(queue);
         if counted.is_none() || start.elapsed() >= budget {
             break;

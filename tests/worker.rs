@@ -760,3 +760,106 @@ fn dead_letter_counts_follow_commits_and_are_recounted_by_the_tick() {
         assert_eq!(shown, Some(exact), "{q} after the prune");
     }
 }
+
+/// (queue, ready, delayed, claimed, dead) as the overview shows them (the shared counts),
+/// and as the tables count them.
+#[allow(clippy::type_complexity)]
+fn overview_and_exact(c: &mut Client) -> (Vec<(String, i64, i64, i64, i64)>, Vec<(String, i64, i64, i64, i64)>) {
+    let rows = |c: &mut Client, sql: &str| -> Vec<(String, i64, i64, i64, i64)> {
+        c.query(sql, &[]).unwrap().iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect()
+    };
+    (
+        rows(
+            c,
+            "SELECT queue, coalesce(ready, -1), coalesce(delayed, -1), coalesce(claimed, -1), coalesce(dead, -1)
+               FROM pgqueue.queue_overview ORDER BY queue",
+        ),
+        rows(c, "SELECT queue, ready, delayed, claimed, dead FROM pgqueue.queue_stats ORDER BY queue"),
+    )
+}
+
+/// The tick recounts depths and dead letters (forced at every tick here) while many sessions
+/// send, claim, ack, nack, fail, redrive and delete, committing or rolling back: once they
+/// stop, the shared counts equal the tables, although no count ran after the last commit.
+/// A recount that replaced the counters with what its snapshot saw would lose the commits
+/// that landed during it; one that added every move since it began would count twice those
+/// its snapshot saw.
+#[test]
+fn counts_recounted_while_sessions_commit_equal_the_tables() {
+    const SESSIONS: u64 = 6;
+    let _serial = serial();
+    let server = Server::with_pgqueue(&["pgqueue.enabled = off"]);
+    let mut c = server.connect("postgres");
+    let queues = ["rc_a", "rc_b", "rc_c"];
+    for q in queues {
+        c.execute("SELECT pgqueue.pgq_create_queue($1, max_attempts => 2, retention => '1 day')", &[&q]).unwrap();
+    }
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    println!("seed {seed}");
+    for round in 0..3 {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sessions: Vec<_> = (0..SESSIONS)
+            .map(|i| {
+                let (stop, mut s) = (stop.clone(), server.connect("postgres"));
+                std::thread::spawn(move || {
+                    let mut state = seed.wrapping_mul(i * 2 + round * 16 + 3) | 1;
+                    let mut next = move |n: u64| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        state % n
+                    };
+                    let mut steps = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let q = queues[next(3) as usize];
+                        let action = match next(9) {
+                            0 | 1 => format!("SELECT pgqueue.pgq_send_batch('{q}', array_fill('{{}}'::jsonb, ARRAY[3]))"),
+                            2 => format!("SELECT pgqueue.pgq_send('{q}', '{{}}', delay => '1 hour')"),
+                            3 => format!(
+                                "SELECT pgqueue.pgq_ack(m.msg_id, m.claim_token) FROM pgqueue.pgq_claim('{q}', 2) m"
+                            ),
+                            4 => format!(
+                                "SELECT pgqueue.pgq_nack(m.msg_id, m.claim_token) FROM pgqueue.pgq_claim('{q}', 1) m"
+                            ),
+                            5 => format!(
+                                "SELECT pgqueue.pgq_fail(m.msg_id, m.claim_token, 'r{round}') FROM pgqueue.pgq_claim('{q}', 1) m"
+                            ),
+                            6 => format!("SELECT count(*) FROM pgqueue.pgq_claim('{q}', 1, lease => '1 ms')"),
+                            7 => format!("SELECT pgqueue.pgq_redrive('{q}')"),
+                            _ => format!(
+                                "SELECT pgqueue.pgq_delete_dead('{q}', array(SELECT msg_id FROM pgqueue.history
+                                   WHERE queue = '{q}' AND outcome = 'dead' ORDER BY msg_id LIMIT 1))"
+                            ),
+                        };
+                        let end = if next(5) == 0 { "ROLLBACK" } else { "COMMIT" };
+                        s.batch_execute(&format!("BEGIN; {action}; {end}")).unwrap();
+                        steps += 1;
+                    }
+                    steps
+                })
+            })
+            .collect();
+        // Recounts, forced at every tick: in their own transaction, or in a caller's that
+        // wrote first (pgrx's SPI would then take a new snapshot for every statement).
+        let mut ticks = 0;
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(4) {
+            if ticks % 2 == 0 {
+                c.batch_execute("UPDATE pgqueue.worker_state SET last_prune_at = NULL").unwrap();
+                c.batch_execute("SELECT * FROM pgqueue.pgq_tick()").unwrap();
+            } else {
+                c.batch_execute(
+                    "BEGIN; UPDATE pgqueue.worker_state SET last_prune_at = NULL; SELECT * FROM pgqueue.pgq_tick(); COMMIT",
+                )
+                .unwrap();
+            }
+            ticks += 1;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let steps: u64 = sessions.into_iter().map(|s| s.join().unwrap()).sum();
+        let (shown, exact) = overview_and_exact(&mut c);
+        println!("round {round}: {steps} steps, {ticks} ticks; {exact:?}");
+        assert!(ticks > 5 && steps > 100, "the round did too little: {ticks} ticks, {steps} steps");
+        assert_eq!(shown, exact, "round {round}, seed {seed}");
+    }
+}

@@ -185,16 +185,17 @@ fn the_overview_and_queue_pages_read_o_queues_buffers() {
     };
     let small = measure(&mut c);
 
-    // A hundred times the history (and a week of minute rollups) in every queue, and a
-    // backlog of ready messages in one.
+    // A hundred times the history (and a week of minute rollups, before the hour already
+    // there: the clock has moved on since) in every queue, and a backlog of ready messages in one.
     for q in 0..QUEUES {
         c.batch_execute(&format!(
             "INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at)
              SELECT -g, 'sized_{q}', 'completed', 0, 1, jsonb_build_object('n', g), now(), now()
                FROM generate_series({from}, {to}) g;
              INSERT INTO pgqueue.queue_minutes (queue, minute, sent, completed)
-             SELECT 'sized_{q}', date_trunc('minute', now()) - m * interval '1 minute', 10, 10
-               FROM generate_series(61, 7 * 1440) m;",
+             SELECT 'sized_{q}', first.minute - m * interval '1 minute', 10, 10
+               FROM (SELECT min(minute) AS minute FROM pgqueue.queue_minutes WHERE queue = 'sized_{q}') first,
+                    generate_series(1, 7 * 1440 - 60) m;",
             from = q * 20_000 + 1,
             to = (q + 1) * 20_000
         ))
