@@ -787,16 +787,23 @@ impl Locked {
 /// This database's queues: their events since the last drain (counted from zero again) and
 /// their depth when known (for the rollup).
 pub fn drain_events() -> Vec<(String, rollup::Events, Option<[i64; 3]>)> {
+    // The drain is an atomic swap: fine under the shared lock.
+    this_database(|e| (e.key().queue(), e.drain_events(), e.depth()))
+}
+
+/// What `f` reads from each queue of this database, under the shared lock (nothing without
+/// shared memory).
+pub fn this_database<R>(f: impl FnMut(&Entry) -> R) -> Vec<R> {
     // SAFETY: a plain read of this backend's database.
     let db = unsafe { pg_sys::MyDatabaseId };
     with_lock(false, |table| {
         table
             .entries()
             .into_iter()
-            // SAFETY: entries from the scan, used under the lock (the drain is an atomic swap).
+            // SAFETY: entries from the scan, read under the lock.
             .map(|e| unsafe { &*e })
             .filter(|e| e.db() == db && e.key().is_queue())
-            .map(|e| (e.key().queue(), e.drain_events(), e.depth()))
+            .map(f)
             .collect()
     })
     .unwrap_or_default()

@@ -25,25 +25,13 @@ struct Seen {
 /// Runs the check; returns how many hints were found too high (each a missed lowering).
 /// `current_sql`: the database runs this release's SQL (else there is nothing to check with).
 pub fn run(recount: bool, current_sql: bool) -> i64 {
-    // SAFETY: a plain read of this backend's database.
-    let db = unsafe { pg_sys::MyDatabaseId };
-    let mut seen: Vec<Seen> = queue_state::with_lock(false, |table| {
-        table
-            .entries()
-            .into_iter()
-            // SAFETY: entries from the scan, read under the lock.
-            .map(|e| unsafe { &*e })
-            .filter(|e| e.db() == db && e.key().is_queue())
-            .map(|e| Seen {
-                key: e.key(),
-                priorities: e.listed().0,
-                hints: e.listed().1,
-                waiters: e.waiters(),
-                depth_known: e.depth().is_some(),
-            })
-            .collect()
-    })
-    .unwrap_or_default();
+    let mut seen: Vec<Seen> = queue_state::this_database(|e| Seen {
+        key: e.key(),
+        priorities: e.listed().0,
+        hints: e.listed().1,
+        waiters: e.waiters(),
+        depth_known: e.depth().is_some(),
+    });
     if !current_sql || !queue_state::available() {
         return 0;
     }
@@ -148,51 +136,28 @@ fn _queue_depth() -> TableIterator<
         name!(hint_corrections, i64),
     ),
 > {
-    // SAFETY: a plain read of this backend's database.
-    let db = unsafe { pg_sys::MyDatabaseId };
-    let rows = queue_state::with_lock(false, |table| {
-        table
-            .entries()
-            .into_iter()
-            // SAFETY: entries from the scan, read under the lock.
-            .map(|e| unsafe { &*e })
-            .filter(|e| e.db() == db && e.key().is_queue())
-            .map(|e| {
-                let depth = e.depth();
-                let (wakeups, corrections) = e.counters();
-                (
-                    e.key().queue(),
-                    e.hints().is_some(),
-                    depth.map(|d| d[0]),
-                    depth.map(|d| d[1]),
-                    depth.map(|d| d[2]),
-                    i64::from(e.waiters()),
-                    wakeups,
-                    corrections,
-                )
-            })
-            .collect::<Vec<_>>()
-    })
-    .unwrap_or_default();
+    let rows = queue_state::this_database(|e| {
+        let depth = e.depth();
+        let (wakeups, corrections) = e.counters();
+        (
+            e.key().queue(),
+            e.hints().is_some(),
+            depth.map(|d| d[0]),
+            depth.map(|d| d[1]),
+            depth.map(|d| d[2]),
+            i64::from(e.waiters()),
+            wakeups,
+            corrections,
+        )
+    });
     TableIterator::new(rows)
 }
 
 /// Queues of this database whose dead letters are due for a recount (unknown, or validated
 /// at the prune cadence), in name order from after `after` round to it.
 pub fn dead_due(after: &str) -> Vec<String> {
-    // SAFETY: a plain read of this backend's database.
-    let db = unsafe { pg_sys::MyDatabaseId };
-    let mut due: Vec<String> = queue_state::with_lock(false, |table| {
-        table
-            .entries()
-            .into_iter()
-            // SAFETY: entries from the scan, read under the lock.
-            .map(|e| unsafe { &*e })
-            .filter(|e| e.db() == db && e.key().is_queue() && e.dead_due())
-            .map(|e| e.key().queue())
-            .collect()
-    })
-    .unwrap_or_default();
+    let mut due: Vec<String> =
+        queue_state::this_database(|e| e.dead_due().then(|| e.key().queue())).into_iter().flatten().collect();
     due.sort();
     let start = due.partition_point(|q| q.as_str() <= after);
     due.rotate_left(start);
@@ -223,18 +188,6 @@ pub fn recount_dead(queue: &str) {
 /// `pgqueue.queue_depth`): NULL until the tick counted them.
 #[pg_extern(volatile, parallel_unsafe)]
 fn _dead_letters() -> TableIterator<'static, (name!(queue, String), name!(dead, Option<i64>))> {
-    // SAFETY: a plain read of this backend's database.
-    let db = unsafe { pg_sys::MyDatabaseId };
-    let rows = queue_state::with_lock(false, |table| {
-        table
-            .entries()
-            .into_iter()
-            // SAFETY: entries from the scan, read under the lock.
-            .map(|e| unsafe { &*e })
-            .filter(|e| e.db() == db && e.key().is_queue())
-            .map(|e| (e.key().queue(), e.dead()))
-            .collect::<Vec<_>>()
-    })
-    .unwrap_or_default();
+    let rows = queue_state::this_database(|e| (e.key().queue(), e.dead()));
     TableIterator::new(rows)
 }
