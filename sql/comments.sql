@@ -75,9 +75,9 @@ COMMENT ON VIEW pgqueue.jobs IS
 COMMENT ON VIEW pgqueue.queue_stats IS
     'per queue, counted exactly: ready, delayed, claimed, expired and dead messages, oldest ages';
 COMMENT ON VIEW pgqueue.queue_depth IS
-    'per queue, from shared memory without counting: approximate depths and dead letters, waiting claims, wake-ups';
+    'per queue, from shared memory without counting: depths and dead letters, waiting claims, wake-ups';
 COMMENT ON VIEW pgqueue.queue_overview IS
-    'per queue, in O(queues) reads: approximate depths and dead letters, oldest ready age, expired claims';
+    'per queue, in O(queues) reads: depths and dead letters, oldest ready age, expired claims';
 COMMENT ON VIEW pgqueue.worker_stats IS
     'what the background worker has done in this database: last tick, counters, last error';
 COMMENT ON VIEW pgqueue.schedule_stats IS

@@ -46,7 +46,7 @@ GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats, pgqueue.queue_depth, 
 -- Payloads are the applications' data: readable by admins, and by whom they grant it to.
 GRANT SELECT ON pgqueue.jobs, pgqueue.dedup_keys TO pgqueue_admin;
 GRANT EXECUTE ON FUNCTION pgqueue._queue_depth(), pgqueue._dead_letters(), pgqueue._shared_state(),
-    pgqueue._local_time(timestamptz, text)
+    pgqueue._local_time(timestamptz, text), pgqueue._oldest_ready(text)
     TO pgqueue_admin, pg_monitor;
 
 GRANT EXECUTE ON FUNCTION pgqueue.pgq_version(), pgqueue.pgq_cron_next(text, text, timestamptz, integer) TO PUBLIC;

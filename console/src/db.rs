@@ -1,7 +1,7 @@
 //! The database side: a pool that reconnects by itself, what this role may do here, and how
 //! a database error becomes an HTTP answer.
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use std::time::Duration;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
@@ -22,6 +22,12 @@ pub fn pool(dsn: &str) -> Result<Pool, String> {
     }
     let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Verified });
     Pool::builder(manager)
+        // The console's statements are probes a queue at a time: the planner costs a
+        // thousand queues' worth high enough to compile them (JIT), which takes longer than
+        // running them (the overview's last hour: 70 ms against 16 at 1,000 queues).
+        .post_create(Hook::async_fn(|client, _| {
+            Box::pin(async move { client.batch_execute("SET jit = off").await.map_err(HookError::Backend) })
+        }))
         .max_size(8)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(Duration::from_secs(5)))
