@@ -8,7 +8,8 @@
 //! commit, or what a queue's entry held when the server stopped: counts for charts, never a
 //! message or a limit.
 
-use std::collections::BTreeMap;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Sent, completed, dead-lettered, retried.
 pub const EVENTS: usize = 4;
@@ -61,9 +62,28 @@ impl Carry {
         self.0.get(queue).copied().unwrap_or_default()
     }
 
-    /// Queues with something carried.
-    pub fn queues(&self) -> impl Iterator<Item = &String> {
-        self.0.keys()
+    /// The rows of a record (`pgqueue._roll_up`): what was just drained — each queue's events
+    /// and its depth when known — added to what is carried, one row per queue with events or a
+    /// depth that is not all zero. What was drained stays carried until `recorded`.
+    pub fn rows(&mut self, drained: Vec<(String, Events, Option<[i64; 3]>)>) -> Vec<Value> {
+        let mut depths = BTreeMap::new();
+        for (queue, events, depth) in drained {
+            self.add(&queue, events);
+            if let Some(depth) = depth.filter(|d| d.iter().any(|&n| n != 0)) {
+                depths.insert(queue, depth);
+            }
+        }
+        let queues: BTreeSet<&String> = self.0.keys().chain(depths.keys()).collect();
+        queues
+            .into_iter()
+            .map(|queue| {
+                let (e, d) = (self.get(queue).0, depths.get(queue));
+                json!({
+                    "queue": queue, "sent": e[SENT], "completed": e[COMPLETED], "dead": e[DEAD], "retried": e[RETRIED],
+                    "ready": d.map(|d| d[0]), "delayed": d.map(|d| d[1]), "claimed": d.map(|d| d[2]),
+                })
+            })
+            .collect()
     }
 
     /// The record committed: nothing is carried any more.
@@ -89,6 +109,30 @@ mod tests {
         assert!(Events::of_move(5, Some("ready"), Some("claimed")).is_zero());
         assert!(Events::of_move(5, Some("history"), Some("ready")).is_zero());
         assert!(Events::of_move(5, Some("claimed"), None).is_zero());
+    }
+
+    #[test]
+    fn a_record_has_a_row_per_queue_with_events_or_a_depth() {
+        let mut carry = Carry::default();
+        carry.add("carried", Events([1, 0, 0, 0]));
+        let rows = carry.rows(vec![
+            ("carried".into(), Events([2, 1, 0, 0]), None),
+            ("deep".into(), Events::default(), Some([5, 1, 0])),
+            ("idle".into(), Events::default(), Some([0, 0, 0])),
+        ]);
+        assert_eq!(
+            rows,
+            vec![
+                json!({"queue": "carried", "sent": 3, "completed": 1, "dead": 0, "retried": 0,
+                       "ready": null, "delayed": null, "claimed": null}),
+                json!({"queue": "deep", "sent": 0, "completed": 0, "dead": 0, "retried": 0,
+                       "ready": 5, "delayed": 1, "claimed": 0}),
+            ]
+        );
+        // Kept until the record commits.
+        assert_eq!(carry.get("carried").0, [3, 1, 0, 0]);
+        carry.recorded();
+        assert!(carry.get("carried").is_zero());
     }
 
     #[derive(Clone, Debug)]
@@ -133,7 +177,7 @@ mod tests {
                                 table[q].add(&carry.get(name));
                             }
                             carry.recorded();
-                            prop_assert_eq!(carry.queues().count(), 0);
+                            prop_assert_eq!(carry.0.len(), 0);
                         }
                     }
                 }

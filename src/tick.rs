@@ -260,27 +260,7 @@ fn roll_up(bracket: Bracket, out: &mut Outcome) {
     if due != Some(true) {
         return;
     }
-    let rows = CARRY.with_borrow_mut(|carry| {
-        let mut rows: Vec<Value> = vec![];
-        let mut depths = std::collections::BTreeMap::new();
-        for (queue, events, depth) in queue_state::drain_events() {
-            carry.add(&queue, events);
-            if let Some(depth) = depth.filter(|d| d.iter().any(|&n| n != 0)) {
-                depths.insert(queue, depth);
-            }
-        }
-        let queues: std::collections::BTreeSet<&String> = carry.queues().chain(depths.keys()).collect();
-        for queue in queues {
-            let e = carry.get(queue).0;
-            let d = depths.get(queue);
-            rows.push(json!({
-                "queue": queue, "sent": e[rollup::SENT], "completed": e[rollup::COMPLETED],
-                "dead": e[rollup::DEAD], "retried": e[rollup::RETRIED],
-                "ready": d.map(|d| d[0]), "delayed": d.map(|d| d[1]), "claimed": d.map(|d| d[2]),
-            }));
-        }
-        rows
-    });
+    let rows = CARRY.with_borrow_mut(|carry| carry.rows(queue_state::drain_events()));
     let retention = format!("{} minutes", guc::ROLLUP_RETENTION_MIN.get());
     let counts = JsonB(Value::Array(rows));
     let written = step(bracket, out, "rollup", move || {
