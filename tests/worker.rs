@@ -690,6 +690,7 @@ fn dead_letter_counts_follow_commits_and_are_recounted_by_the_tick() {
         state ^= state << 17;
         state % n
     };
+    let mut most = 0;
     for step in 0..150 {
         let q = queues[next(2) as usize];
         // How the step ends: committed, rolled back, or undone by ROLLBACK TO SAVEPOINT.
@@ -729,9 +730,11 @@ fn dead_letter_counts_follow_commits_and_are_recounted_by_the_tick() {
         for q in queues {
             let (shown, exact) = dead_counts(&mut c, q);
             assert_eq!(shown, Some(exact), "{q} after step {step} ({open}; {action}; {close}), seed {seed}");
+            most = most.max(exact);
         }
     }
-    assert!(queues.iter().map(|q| dead_counts(&mut c, q).1).sum::<i64>() > 0, "the steps made dead letters");
+    // (At the end they may all have been redriven or deleted.)
+    assert!(most > 0, "the steps made dead letters, seed {seed}");
 
     // A restart loses the counts; the first tick counts them again.
     server.restart();
