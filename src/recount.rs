@@ -26,7 +26,10 @@ pub fn recount(queue: &str, sql: &str, states: &[State]) -> bool {
     let mut before = None;
     for _ in 0..TRIES {
         match queue_state::with_lock(true, |table| {
-            table.entry(&key, false)?;
+            let read: Vec<i64> = {
+                let entry = table.entry(&key, false)?;
+                states.iter().map(|&s| entry.raw(s)).collect()
+            };
             // SAFETY: the newest snapshot, copied onto the active stack (popped below, or by
             // the abort if the count fails).
             unsafe {
@@ -36,8 +39,7 @@ pub fn recount(queue: &str, sql: &str, states: &[State]) -> bool {
                 }
                 pg_sys::PushActiveSnapshot(snapshot);
             }
-            let entry = table.entry(&key, false)?;
-            Some(Some(states.iter().map(|&s| entry.raw(s)).collect::<Vec<_>>()))
+            Some(Some(read))
         })
         .flatten()
         {
