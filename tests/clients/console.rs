@@ -131,6 +131,24 @@ fn the_console_says_the_database_is_away_and_recovers_by_itself() {
     });
 }
 
+/// The console's sessions run with JIT off (docs/console.md "At size"): its per-queue probes
+/// cost more to compile than to run.
+#[test]
+fn the_consoles_sessions_run_without_jit() {
+    let _turn = common::file_turn(file!());
+    let server = Server::with_pgqueue(&[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let jit: String = rt.block_on(async {
+        let pool = pgqueue_console::db::pool(&server.dsn("postgres")).unwrap();
+        let client = pool.get().await.unwrap();
+        client.query_one("SHOW jit", &[]).await.unwrap().get(0)
+    });
+    assert_eq!(jit, "off");
+    let mut c = server.connect("postgres");
+    let default: String = c.query_one("SHOW jit", &[]).unwrap().get(0);
+    assert_eq!(default, "on", "the server's own default, which the console overrides");
+}
+
 /// Shared buffers the statement `sql` reads (hit or read) when it runs with `params`, and its
 /// plan as JSON text.
 fn buffers(c: &mut postgres::Client, sql: &str, params: &[&(dyn postgres::types::ToSql + Sync)]) -> (i64, String) {
