@@ -17,7 +17,9 @@ debs=(sudo bison flex libclang-dev clang pkg-config make gcc libreadline-dev zli
       # clients, examples and what they are tested with (clients/, examples/, monitoring/)
       python3 python3-venv golang-go golang-github-lib-pq-dev pgbouncer prometheus-postgres-exporter prometheus
       # the console's browser tests drive Debian's Chromium (console/tests)
-      chromium)
+      chromium
+      # the failover test (tests/failover.rs): a Patroni cluster over one etcd, started by the test
+      etcd-server patroni)
 missing=()
 for p in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -32,7 +34,7 @@ if ((${#missing[@]})); then
         pg_ctlcluster 15 main stop 2>/dev/null || true
     fi
     # Likewise the services of the packages the tests start on ports of their own.
-    for service in pgbouncer prometheus-postgres-exporter prometheus; do
+    for service in pgbouncer prometheus-postgres-exporter prometheus etcd patroni; do
         service "$service" stop >/dev/null 2>&1 || true
     done
 fi
