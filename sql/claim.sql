@@ -104,12 +104,10 @@ LANGUAGE c VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_indexscan = on SET enable_bitmapscan = off SET enable_sort = off SET jit = off
 AS 'MODULE_PATHNAME', 'pgq_ack_claim_wrapper';
 
--- Extends the leases of the claims still held; returns the ids whose lease was extended.
--- An id missing from the result has lost its claim (re-armed, re-claimed, finished, or
--- never existed): its holder must stop working on it.
-CREATE FUNCTION pgqueue.pgq_renew(msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL)
+-- pgq_renew's work, on messages of `queue` (NULL: of any queue).
+CREATE FUNCTION pgqueue._renew(queue text, msg_ids bigint[], claim_tokens uuid[], lease interval)
 RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_variable
 BEGIN
     PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
@@ -122,12 +120,23 @@ BEGIN
            SET lease_expires_at = now() + coalesce(lease, q.lease)
           FROM unnest(msg_ids, claim_tokens) AS held(id, token), pgqueue.queues q
          WHERE m.msg_id = held.id AND m.claim_token = held.token AND m.state = 'claimed'
-           AND q.queue = m.queue
+           AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
         RETURNING m.msg_id, m.lease_expires_at
     ), noted AS (
         SELECT pgqueue._renewed(min(r.lease_expires_at)) FROM renewed r
     )
     SELECT r.msg_id FROM renewed r, noted;
+END
+$$;
+
+-- Extends the leases of the claims still held; returns the ids whose lease was extended.
+-- An id missing from the result has lost its claim (re-armed, re-claimed, finished, or
+-- never existed): its holder must stop working on it.
+CREATE FUNCTION pgqueue.pgq_renew(msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN QUERY SELECT pgqueue._renew(NULL, msg_ids, claim_tokens, lease);
 END
 $$;
 
@@ -138,5 +147,27 @@ BEGIN
     RETURN EXISTS (
         SELECT FROM pgqueue.pgq_renew(ARRAY[pgqueue._require(msg_id, 'msg_id')],
                                       ARRAY[pgqueue._require(claim_token, 'claim_token')], lease));
+END
+$$;
+
+-- The queue-qualified forms (as pgq_ack's in finish.sql): the queue must exist, and a message
+-- of another queue is not renewed, as with a stale token.
+CREATE FUNCTION pgqueue.pgq_renew(queue text, msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgqueue._queue(queue);
+    RETURN QUERY SELECT pgqueue._renew(queue, msg_ids, claim_tokens, lease);
+END
+$$;
+
+CREATE FUNCTION pgqueue.pgq_renew(queue text, msg_id bigint, claim_token uuid, lease interval DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgqueue._queue(queue);
+    RETURN EXISTS (
+        SELECT FROM pgqueue._renew(queue, ARRAY[pgqueue._require(msg_id, 'msg_id')],
+                                   ARRAY[pgqueue._require(claim_token, 'claim_token')], lease));
 END
 $$;

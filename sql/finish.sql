@@ -10,6 +10,12 @@ CREATE FUNCTION pgqueue._to_history(msg_ids bigint[], claim_tokens uuid[], outco
 RETURNS SETOF bigint
 LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', '_to_history_wrapper';
 
+-- The same for the messages of one queue: a message of another queue does not move, as with a
+-- stale token (the queue-qualified pgq_ack and pgq_fail).
+CREATE FUNCTION pgqueue._to_history(msg_ids bigint[], claim_tokens uuid[], outcome text, error text, queue text)
+RETURNS SETOF bigint
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', '_to_history_in_wrapper';
+
 CREATE FUNCTION pgqueue.pgq_ack(msg_ids bigint[], claim_tokens uuid[]) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -34,13 +40,10 @@ CREATE FUNCTION pgqueue._backoff(attempt integer) RETURNS interval
 LANGUAGE sql IMMUTABLE
 RETURN least(interval '1 second' * power(2, least(greatest(attempt - 1, 0), 12)), interval '1 hour');
 
-CREATE FUNCTION pgqueue.pgq_nack(
-    msg_id bigint,
-    claim_token uuid,
-    retry_in interval DEFAULT NULL,
-    error text DEFAULT NULL
-) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- pgq_nack's work, on a message of `queue` (NULL: of any queue).
+CREATE FUNCTION pgqueue._nack(queue text, msg_id bigint, claim_token uuid, retry_in interval, error text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_variable
 DECLARE
     h record;
@@ -52,6 +55,7 @@ BEGIN
     SELECT m.msg_id, m.queue, m.priority, m.attempt, q.max_attempts INTO h
       FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
      WHERE m.msg_id = msg_id AND m.claim_token = claim_token AND m.state = 'claimed'
+       AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE OF m;
     IF NOT FOUND THEN
         RETURN false;
@@ -73,6 +77,18 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION pgqueue.pgq_nack(
+    msg_id bigint,
+    claim_token uuid,
+    retry_in interval DEFAULT NULL,
+    error text DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN pgqueue._nack(NULL, msg_id, claim_token, retry_in, error);
+END
+$$;
+
 CREATE FUNCTION pgqueue.pgq_fail(msg_id bigint, claim_token uuid, error text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -81,6 +97,57 @@ BEGIN
         SELECT FROM pgqueue._to_history(ARRAY[pgqueue._require(msg_id, 'msg_id')],
                                         ARRAY[pgqueue._require(claim_token, 'claim_token')],
                                         'dead', coalesce(error, 'failed by the consumer')));
+END
+$$;
+
+-- The queue-qualified forms of pgq_ack, pgq_nack and pgq_fail (pgq_renew's are in
+-- claim.sql): the same arguments after the queue. The queue must exist (42704); a message of
+-- another queue is not finished, as with a stale token. With the queue in every call, a
+-- sharded deployment can route each to the node of its queue (docs/design/citus.md).
+CREATE FUNCTION pgqueue.pgq_ack(queue text, msg_ids bigint[], claim_tokens uuid[]) RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+BEGIN
+    PERFORM pgqueue._queue(queue);
+    PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
+    RETURN QUERY SELECT pgqueue._to_history(msg_ids, claim_tokens, 'completed', NULL, queue);
+END
+$$;
+
+CREATE FUNCTION pgqueue.pgq_ack(queue text, msg_id bigint, claim_token uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+BEGIN
+    PERFORM pgqueue._queue(queue);
+    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[pgqueue._require(msg_id, 'msg_id')],
+                                                   ARRAY[pgqueue._require(claim_token, 'claim_token')],
+                                                   'completed', NULL, queue));
+END
+$$;
+
+CREATE FUNCTION pgqueue.pgq_nack(
+    queue text,
+    msg_id bigint,
+    claim_token uuid,
+    retry_in interval DEFAULT NULL,
+    error text DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgqueue._queue(queue);
+    RETURN pgqueue._nack(queue, msg_id, claim_token, retry_in, error);
+END
+$$;
+
+CREATE FUNCTION pgqueue.pgq_fail(queue text, msg_id bigint, claim_token uuid, error text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+BEGIN
+    PERFORM pgqueue._queue(queue);
+    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[pgqueue._require(msg_id, 'msg_id')],
+                                                   ARRAY[pgqueue._require(claim_token, 'claim_token')],
+                                                   'dead', coalesce(error, 'failed by the consumer'), queue));
 END
 $$;
 

@@ -483,7 +483,7 @@ fn pgq_ack_claim(
         let mut rows = vec![];
         let mut wait = wait;
         if n > 0 {
-            let acked = crate::finish::to_history(ids, tokens, Some("completed"), None);
+            let acked = crate::finish::to_history(ids, tokens, Some("completed"), None, None);
             if acked.len() < n {
                 // SAFETY: a bigint[] argument, checked above.
                 let all = unsafe { Array::<i64>::from_datum(ids.expect("checked"), false) }.expect("checked");

@@ -7,13 +7,15 @@ use pgrx::pg_sys::{self, INT8ARRAYOID, TEXTOID, UUIDARRAYOID};
 use pgrx::prelude::*;
 
 /// With claim tokens, only the claims still held under them move (the fence); without
-/// (NULL), the given messages move. Unique jobs: a finished message's key is free again, or
+/// (NULL), the given messages move. With a queue ($5), only that queue's messages move (a
+/// message of another queue is left, as a stale token is). Unique jobs: a finished message's key is free again, or
 /// kept for its hold. Announces what left each state (pgqueue._note, applied at commit).
 static TO_HISTORY: Statement = Statement {
     sql: c"WITH gone AS (
                DELETE FROM pgqueue.messages m
                 USING unnest($1, $2) AS u(id, token)
                 WHERE m.msg_id = u.id AND ($2 IS NULL OR (m.claim_token = u.token AND m.state = 'claimed'))
+                  AND ($5::text IS NULL OR m.queue = $5)
                RETURNING m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
                          m.last_error, m.dedup_key
            ), released AS (
@@ -35,21 +37,23 @@ static TO_HISTORY: Statement = Statement {
                SELECT pgqueue._note(g.queue, count(*), g.state, $3) FROM gone g GROUP BY g.queue, g.state
            )
            SELECT k.msg_id FROM kept k, (SELECT count(*) FROM noted) n ORDER BY k.msg_id",
-    args: &[INT8ARRAYOID, UUIDARRAYOID, TEXTOID, TEXTOID],
+    args: &[INT8ARRAYOID, UUIDARRAYOID, TEXTOID, TEXTOID, TEXTOID],
 };
 
 /// Moves the messages (bigint[] `msg_ids`, uuid[] `tokens`) to history as `outcome`, inside
-/// an SPI connection; returns the ids that moved, in order.
+/// an SPI connection; returns the ids that moved, in order. `queue`: only that queue's.
 pub fn to_history(
     msg_ids: Option<pg_sys::Datum>,
     tokens: Option<pg_sys::Datum>,
     outcome: Option<&str>,
     error: Option<&str>,
+    queue: Option<&str>,
 ) -> Vec<i64> {
-    let rows = TO_HISTORY.run(&[msg_ids, tokens, outcome.into_datum(), error.into_datum()]);
+    let rows = TO_HISTORY.run(&[msg_ids, tokens, outcome.into_datum(), error.into_datum(), queue.into_datum()]);
     (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect()
 }
 
+/// `pgqueue._to_history` of every queue (sql/finish.sql; the symbol releases up to 0.13.0 name).
 #[pg_extern(sql = false)]
 fn _to_history(
     msg_ids: Option<AnyArray>,
@@ -57,7 +61,18 @@ fn _to_history(
     outcome: Option<&str>,
     error: Option<&str>,
 ) -> SetOfIterator<'static, i64> {
-    let moved =
-        Spi::connect_mut(|_| to_history(msg_ids.map(|a| a.datum()), claim_tokens.map(|a| a.datum()), outcome, error));
-    SetOfIterator::new(moved)
+    _to_history_in(msg_ids, claim_tokens, outcome, error, None)
+}
+
+/// `pgqueue._to_history` of one queue (the queue-qualified pgq_ack and pgq_fail).
+#[pg_extern(sql = false)]
+fn _to_history_in(
+    msg_ids: Option<AnyArray>,
+    claim_tokens: Option<AnyArray>,
+    outcome: Option<&str>,
+    error: Option<&str>,
+    queue: Option<&str>,
+) -> SetOfIterator<'static, i64> {
+    let (ids, tokens) = (msg_ids.map(|a| a.datum()), claim_tokens.map(|a| a.datum()));
+    SetOfIterator::new(Spi::connect_mut(|_| to_history(ids, tokens, outcome, error, queue)))
 }

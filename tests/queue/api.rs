@@ -620,3 +620,117 @@ fn a_transaction_claims_what_it_made_claimable_itself() {
     assert_eq!(claim(&mut c, &q, 1, None).first().map(|g| g.id), Some(id), "its own nack of an older claim");
     c.batch_execute("COMMIT").unwrap();
 }
+
+/// The queue-qualified forms of pgq_ack, pgq_nack, pgq_fail and pgq_renew: the same as the
+/// others on the queue's messages; a message of another queue is left as a stale token is; an
+/// unknown queue is an error that changes nothing.
+#[test]
+fn queue_qualified_finishes_act_only_on_their_queue() {
+    let mut c = connect();
+    let (q, other) = (new_queue(&mut c, ", max_attempts => 2"), new_queue(&mut c, ""));
+    for i in 0..6 {
+        send(&mut c, &q, json!(i));
+    }
+    let mine = claim(&mut c, &q, 6, None);
+    send(&mut c, &other, json!("x"));
+    let theirs = claim(&mut c, &other, 1, None)[0];
+    let scalar = |c: &mut Client, sql: &str, queue: &str, m: &Claimed| -> bool {
+        c.query_one(sql, &[&queue, &m.id, &m.token]).unwrap().get(0)
+    };
+
+    // Renew: the queue's claims only.
+    let renew = "SELECT pgqueue.pgq_renew($1::text, $2::bigint, $3::uuid, '1 hour')";
+    assert!(scalar(&mut c, renew, &q, &mine[0]));
+    assert!(!scalar(&mut c, renew, &q, &theirs), "another queue's message is not renewed");
+    let stale = Claimed { token: Uuid::new_v4(), ..mine[1] };
+    assert!(!scalar(&mut c, renew, &q, &stale), "a stale token renews nothing");
+    let ids: Vec<i64> = vec![mine[0].id, theirs.id, mine[1].id];
+    let tokens: Vec<Uuid> = vec![mine[0].token, theirs.token, mine[1].token];
+    let renewed: Vec<i64> = c
+        .query(
+            "SELECT * FROM pgqueue.pgq_renew($1, $2::bigint[], $3::uuid[], '1 hour') ORDER BY 1",
+            &[&q, &ids, &tokens],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(renewed, vec![mine[0].id, mine[1].id]);
+    let lease_left = |c: &mut Client, id: i64| -> bool {
+        c.query_one("SELECT lease_expires_at - now() > '59 min' FROM pgqueue.messages WHERE msg_id = $1", &[&id])
+            .unwrap()
+            .get(0)
+    };
+    assert!(lease_left(&mut c, mine[0].id));
+    assert!(!lease_left(&mut c, theirs.id), "the other queue's lease is unchanged");
+
+    // Ack, batch and single.
+    let acked: Vec<i64> = c
+        .query("SELECT * FROM pgqueue.pgq_ack($1, $2::bigint[], $3::uuid[]) ORDER BY 1", &[&q, &ids, &tokens])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(acked, vec![mine[0].id, mine[1].id]);
+    assert_eq!(outcome(&mut c, mine[0].id).as_deref(), Some("completed"));
+    assert_eq!(state(&mut c, theirs.id).as_deref(), Some("claimed"), "another queue's message is not acked");
+    let ack = "SELECT pgqueue.pgq_ack($1::text, $2::bigint, $3::uuid)";
+    assert!(!scalar(&mut c, ack, &q, &theirs));
+    assert!(scalar(&mut c, ack, &q, &mine[2]));
+    assert!(!scalar(&mut c, ack, &q, &mine[2]), "acked already: the token is stale");
+
+    // Nack: back to ready (attempt 1 of 2), then dead on the last attempt.
+    let nack = "SELECT pgqueue.pgq_nack($1::text, $2::bigint, $3::uuid, retry_in => '0', error => 'later')";
+    assert!(!scalar(&mut c, nack, &q, &theirs));
+    assert_eq!(state(&mut c, theirs.id).as_deref(), Some("claimed"));
+    assert!(scalar(&mut c, nack, &q, &mine[3]));
+    assert_eq!(state(&mut c, mine[3].id).as_deref(), Some("ready"));
+    let again = claim(&mut c, &q, 1, None)[0];
+    assert_eq!(again.id, mine[3].id);
+    assert!(scalar(&mut c, nack, &q, &again));
+    assert_eq!(outcome(&mut c, mine[3].id).as_deref(), Some("dead"), "nacked on its last attempt");
+
+    // Fail: dead now, with the error.
+    let fail = "SELECT pgqueue.pgq_fail($1::text, $2::bigint, $3::uuid, 'broken')";
+    assert!(!scalar(&mut c, fail, &q, &theirs));
+    assert!(scalar(&mut c, fail, &q, &mine[4]));
+    let error: String =
+        c.query_one("SELECT last_error FROM pgqueue.history WHERE msg_id = $1", &[&mine[4].id]).unwrap().get(0);
+    assert_eq!(error, "broken");
+
+    // Errors: an unknown queue or a bad name, NULLs, bad arrays, a bad lease or delay. Each
+    // changes nothing: the last held message and the other queue's stay claimed.
+    let held = &mine[5];
+    let missing = unique_queue("missing");
+    for sql in [ack, nack, fail, renew] {
+        assert_eq!(sqlstate(c.query_one(sql, &[&missing, &held.id, &held.token])), "42704", "{sql}");
+    }
+    assert_eq!(sqlstate(c.query_one(ack, &[&"Bad Name", &held.id, &held.token])), "22023", "a malformed name");
+    assert_eq!(sqlstate(c.query_one(ack, &[&None::<String>, &held.id, &held.token])), "22004");
+    assert_eq!(sqlstate(c.query_one(ack, &[&q, &None::<i64>, &held.token])), "22004");
+    assert_eq!(sqlstate(c.query_one(fail, &[&q, &held.id, &None::<Uuid>])), "22004");
+    assert_eq!(sqlstate(c.query_one(nack, &[&q, &None::<i64>, &held.token])), "22004");
+    let bad_delay = "SELECT pgqueue.pgq_nack($1::text, $2::bigint, $3::uuid, retry_in => '-1 s')";
+    assert_eq!(sqlstate(c.query_one(bad_delay, &[&q, &held.id, &held.token])), "22023");
+    let bad_lease = "SELECT pgqueue.pgq_renew($1::text, $2::bigint, $3::uuid, '0 s')";
+    assert_eq!(sqlstate(c.query_one(bad_lease, &[&q, &held.id, &held.token])), "22023");
+    let short = vec![held.id];
+    let two = vec![held.token, theirs.token];
+    assert_eq!(
+        sqlstate(c.execute("SELECT pgqueue.pgq_ack($1, $2::bigint[], $3::uuid[])", &[&q, &short, &two])),
+        "22023"
+    );
+    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_renew($1, $2::bigint[], NULL::uuid[])", &[&q, &short])), "22004");
+    assert_eq!(state(&mut c, held.id).as_deref(), Some("claimed"));
+    assert_eq!(state(&mut c, theirs.id).as_deref(), Some("claimed"));
+
+    // The forms without a queue still resolve as before, by name and by position.
+    let by_name: bool = c
+        .query_one("SELECT pgqueue.pgq_renew(msg_id => $1, claim_token => $2)", &[&held.id, &held.token])
+        .unwrap()
+        .get(0);
+    assert!(by_name);
+    let by_position: bool =
+        c.query_one(&format!("SELECT pgqueue.pgq_nack({}, '{}', '0 s')", held.id, held.token), &[]).unwrap().get(0);
+    assert!(by_position, "an integer literal and untyped literals: the form without a queue");
+}

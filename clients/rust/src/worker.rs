@@ -378,28 +378,31 @@ impl Shared {
     /// One try of `op`; true when the claim was still held (and now renewed or finished).
     async fn try_op(&self, op: &Op, id: i64, token: Uuid) -> Result<bool> {
         let client = self.finisher().await?;
+        // The queue-qualified forms: every call names its queue (pgqueue 0.14.0 and later).
+        let queue: Param = (&self.config.queue, Type::TEXT);
         let row = match op {
             Op::Renew => {
-                let sql = "SELECT pgqueue.pgq_renew(msg_id => $1, claim_token => $2, lease => $3::interval)";
-                client
-                    .query_typed_one(sql, &[(&id, Type::INT8), (&token, Type::UUID), (&self.lease, Type::TEXT)])
-                    .await?
+                let sql =
+                    "SELECT pgqueue.pgq_renew(queue => $4, msg_id => $1, claim_token => $2, lease => $3::interval)";
+                let params: [Param; 4] = [(&id, Type::INT8), (&token, Type::UUID), (&self.lease, Type::TEXT), queue];
+                client.query_typed_one(sql, &params).await?
             }
             Op::Ack => {
-                let sql = "SELECT pgqueue.pgq_ack(msg_id => $1, claim_token => $2)";
-                client.query_typed_one(sql, &[(&id, Type::INT8), (&token, Type::UUID)]).await?
+                let sql = "SELECT pgqueue.pgq_ack(queue => $3, msg_id => $1, claim_token => $2)";
+                client.query_typed_one(sql, &[(&id, Type::INT8), (&token, Type::UUID), queue]).await?
             }
             Op::Nack { retry_in, error } => {
-                let sql = "SELECT pgqueue.pgq_nack(msg_id => $1, claim_token => $2, retry_in => $3::interval,
-                                                   error => $4)";
+                let sql = "SELECT pgqueue.pgq_nack(queue => $5, msg_id => $1, claim_token => $2,
+                                                   retry_in => $3::interval, error => $4)";
                 let retry_in = retry_in.map(interval);
-                let params: [Param; 4] =
-                    [(&id, Type::INT8), (&token, Type::UUID), (&retry_in, Type::TEXT), (error, Type::TEXT)];
+                let params: [Param; 5] =
+                    [(&id, Type::INT8), (&token, Type::UUID), (&retry_in, Type::TEXT), (error, Type::TEXT), queue];
                 client.query_typed_one(sql, &params).await?
             }
             Op::Fail { error } => {
-                let sql = "SELECT pgqueue.pgq_fail(msg_id => $1, claim_token => $2, error => $3)";
-                client.query_typed_one(sql, &[(&id, Type::INT8), (&token, Type::UUID), (error, Type::TEXT)]).await?
+                let sql = "SELECT pgqueue.pgq_fail(queue => $4, msg_id => $1, claim_token => $2, error => $3)";
+                let params: [Param; 4] = [(&id, Type::INT8), (&token, Type::UUID), (error, Type::TEXT), queue];
+                client.query_typed_one(sql, &params).await?
             }
         };
         Ok(row.get(0))

@@ -148,25 +148,29 @@ class Settings:
 
     def renew_query(self, held: list[Held]) -> tuple[str, list[Any]]:
         return (
-            "SELECT coalesce(array_agg(r), '{}') FROM pgqueue.pgq_renew("
-            "msg_ids => %s::bigint[], claim_tokens => %s::uuid[], lease => %s::interval) r",
-            [[h.message.msg_id for h in held], [h.message.claim_token for h in held], self.lease],
+            "SELECT coalesce(array_agg(r), '{}') FROM pgqueue.pgq_renew(queue => %s::text,"
+            " msg_ids => %s::bigint[], claim_tokens => %s::uuid[], lease => %s::interval) r",
+            [self.queue, [h.message.msg_id for h in held], [h.message.claim_token for h in held], self.lease],
         )
 
     def finish_query(self, held: Held, outcome: str, error: str | None) -> tuple[str, list[Any]]:
         m = held.message
         if outcome == "ack":
-            return "SELECT pgqueue.pgq_ack(msg_id => %s::bigint, claim_token => %s::uuid)", [m.msg_id, m.claim_token]
+            return (
+                "SELECT pgqueue.pgq_ack(queue => %s::text, msg_id => %s::bigint, claim_token => %s::uuid)",
+                [self.queue, m.msg_id, m.claim_token],
+            )
         if outcome == "fail":
             return (
-                "SELECT pgqueue.pgq_fail(msg_id => %s::bigint, claim_token => %s::uuid, error => %s::text)",
-                [m.msg_id, m.claim_token, error],
+                "SELECT pgqueue.pgq_fail(queue => %s::text, msg_id => %s::bigint, claim_token => %s::uuid,"
+                " error => %s::text)",
+                [self.queue, m.msg_id, m.claim_token, error],
             )
         retry_in = timedelta(0) if outcome == "give_back" else self.retry_in
         return (
-            "SELECT pgqueue.pgq_nack(msg_id => %s::bigint, claim_token => %s::uuid,"
+            "SELECT pgqueue.pgq_nack(queue => %s::text, msg_id => %s::bigint, claim_token => %s::uuid,"
             " retry_in => %s::interval, error => %s::text)",
-            [m.msg_id, m.claim_token, retry_in, error],
+            [self.queue, m.msg_id, m.claim_token, retry_in, error],
         )
 
 
