@@ -104,12 +104,20 @@ LANGUAGE c VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_indexscan = on SET enable_bitmapscan = off SET enable_sort = off SET jit = off
 AS 'MODULE_PATHNAME', 'pgq_ack_claim_wrapper';
 
--- pgq_renew's work, on messages of `queue` (NULL: of any queue).
-CREATE FUNCTION pgqueue._renew(queue text, msg_ids bigint[], claim_tokens uuid[], lease interval)
+-- Extends the leases of the claims still held; returns the ids whose lease was extended.
+-- An id missing from the result has lost its claim (re-armed, re-claimed, finished, or
+-- never existed): its holder must stop working on it.
+-- With a queue (the last argument, as for pgq_ack): the queue must exist, and only its
+-- messages are renewed.
+CREATE FUNCTION pgqueue.pgq_renew(msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL,
+                                  queue text DEFAULT NULL)
 RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
 BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
     PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
     PERFORM pgqueue._check_lease(lease);
     -- Only the lease changes, and it is in no index: a HOT update.
@@ -129,45 +137,17 @@ BEGIN
 END
 $$;
 
--- Extends the leases of the claims still held; returns the ids whose lease was extended.
--- An id missing from the result has lost its claim (re-armed, re-claimed, finished, or
--- never existed): its holder must stop working on it.
-CREATE FUNCTION pgqueue.pgq_renew(msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL)
-RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    RETURN QUERY SELECT pgqueue._renew(NULL, msg_ids, claim_tokens, lease);
-END
-$$;
-
-CREATE FUNCTION pgqueue.pgq_renew(msg_id bigint, claim_token uuid, lease interval DEFAULT NULL)
+CREATE FUNCTION pgqueue.pgq_renew(msg_id bigint, claim_token uuid, lease interval DEFAULT NULL,
+                                  queue text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
 BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
     RETURN EXISTS (
         SELECT FROM pgqueue.pgq_renew(ARRAY[pgqueue._require(msg_id, 'msg_id')],
-                                      ARRAY[pgqueue._require(claim_token, 'claim_token')], lease));
-END
-$$;
-
--- The queue-qualified forms (as pgq_ack's in finish.sql): the queue must exist, and a message
--- of another queue is not renewed, as with a stale token.
-CREATE FUNCTION pgqueue.pgq_renew(queue text, msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL)
-RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM pgqueue._queue(queue);
-    RETURN QUERY SELECT pgqueue._renew(queue, msg_ids, claim_tokens, lease);
-END
-$$;
-
-CREATE FUNCTION pgqueue.pgq_renew(queue text, msg_id bigint, claim_token uuid, lease interval DEFAULT NULL)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM pgqueue._queue(queue);
-    RETURN EXISTS (
-        SELECT FROM pgqueue._renew(queue, ARRAY[pgqueue._require(msg_id, 'msg_id')],
-                                   ARRAY[pgqueue._require(claim_token, 'claim_token')], lease));
+                                      ARRAY[pgqueue._require(claim_token, 'claim_token')], lease, queue));
 END
 $$;

@@ -22,30 +22,18 @@ COMMENT ON FUNCTION pgqueue.pgq_claim(text, integer, interval, text, boolean, in
     'claim up to qty messages with a lease, highest priority first; can wait for messages to arrive';
 COMMENT ON FUNCTION pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval) IS
     'ack finished claims and claim the next messages in one statement: a consumer''s round trip';
-COMMENT ON FUNCTION pgqueue.pgq_ack(bigint, uuid) IS
-    'complete a claimed message; false if the claim was lost';
-COMMENT ON FUNCTION pgqueue.pgq_ack(bigint[], uuid[]) IS
-    'complete claimed messages; returns the ids completed';
-COMMENT ON FUNCTION pgqueue.pgq_nack(bigint, uuid, interval, text) IS
-    'give a claimed message back for a retry later, or dead-letter it on its last attempt';
-COMMENT ON FUNCTION pgqueue.pgq_fail(bigint, uuid, text) IS
-    'dead-letter a claimed message now';
-COMMENT ON FUNCTION pgqueue.pgq_renew(bigint, uuid, interval) IS
-    'extend the lease of a claim still held; false if the claim was lost';
-COMMENT ON FUNCTION pgqueue.pgq_renew(bigint[], uuid[], interval) IS
-    'extend the leases of claims still held; returns their ids';
-COMMENT ON FUNCTION pgqueue.pgq_ack(text, bigint, uuid) IS
-    'complete a claimed message of the queue; false if the claim was lost or the message is another queue''s';
-COMMENT ON FUNCTION pgqueue.pgq_ack(text, bigint[], uuid[]) IS
-    'complete claimed messages of the queue; returns the ids completed';
-COMMENT ON FUNCTION pgqueue.pgq_nack(text, bigint, uuid, interval, text) IS
-    'give a claimed message of the queue back for a retry later, or dead-letter it on its last attempt';
-COMMENT ON FUNCTION pgqueue.pgq_fail(text, bigint, uuid, text) IS
-    'dead-letter a claimed message of the queue now';
-COMMENT ON FUNCTION pgqueue.pgq_renew(text, bigint, uuid, interval) IS
-    'extend the lease of a claim still held on a message of the queue; false if the claim was lost';
-COMMENT ON FUNCTION pgqueue.pgq_renew(text, bigint[], uuid[], interval) IS
-    'extend the leases of claims still held on messages of the queue; returns their ids';
+COMMENT ON FUNCTION pgqueue.pgq_ack(bigint, uuid, text) IS
+    'complete a claimed message (of queue, if given); false if the claim was lost';
+COMMENT ON FUNCTION pgqueue.pgq_ack(bigint[], uuid[], text) IS
+    'complete claimed messages (of queue, if given); returns the ids completed';
+COMMENT ON FUNCTION pgqueue.pgq_nack(bigint, uuid, interval, text, text) IS
+    'give a claimed message (of queue, if given) back for a retry later, or dead-letter it on its last attempt';
+COMMENT ON FUNCTION pgqueue.pgq_fail(bigint, uuid, text, text) IS
+    'dead-letter a claimed message (of queue, if given) now';
+COMMENT ON FUNCTION pgqueue.pgq_renew(bigint, uuid, interval, text) IS
+    'extend the lease of a claim still held (on a message of queue, if given); false if the claim was lost';
+COMMENT ON FUNCTION pgqueue.pgq_renew(bigint[], uuid[], interval, text) IS
+    'extend the leases of claims still held (on messages of queue, if given); returns their ids';
 COMMENT ON FUNCTION pgqueue.pgq_redrive(text, bigint[]) IS
     'make a queue''s dead letters claimable again with a fresh attempt count; returns how many';
 COMMENT ON FUNCTION pgqueue.pgq_delete_dead(text, bigint[]) IS

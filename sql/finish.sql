@@ -10,28 +10,41 @@ CREATE FUNCTION pgqueue._to_history(msg_ids bigint[], claim_tokens uuid[], outco
 RETURNS SETOF bigint
 LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', '_to_history_wrapper';
 
--- The same for the messages of one queue: a message of another queue does not move, as with a
--- stale token (the queue-qualified pgq_ack and pgq_fail).
+-- The same, with a queue: only its messages move; one of another queue is left, as with a
+-- stale token. NULL: any queue's.
 CREATE FUNCTION pgqueue._to_history(msg_ids bigint[], claim_tokens uuid[], outcome text, error text, queue text)
 RETURNS SETOF bigint
 LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', '_to_history_in_wrapper';
 
-CREATE FUNCTION pgqueue.pgq_ack(msg_ids bigint[], claim_tokens uuid[]) RETURNS SETOF bigint
+-- Every finishing function takes the message's queue as its last argument (default NULL: any
+-- queue). Given, the queue must exist (42704) and only its messages are acted on. A call that
+-- names its queue can be routed to where the queue lives (docs/design/citus.md).
+
+CREATE FUNCTION pgqueue.pgq_ack(msg_ids bigint[], claim_tokens uuid[], queue text DEFAULT NULL)
+RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
 BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
     PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
-    RETURN QUERY SELECT pgqueue._to_history(msg_ids, claim_tokens, 'completed');
+    RETURN QUERY SELECT pgqueue._to_history(msg_ids, claim_tokens, 'completed', NULL, queue);
 END
 $$;
 
-CREATE FUNCTION pgqueue.pgq_ack(msg_id bigint, claim_token uuid) RETURNS boolean
+CREATE FUNCTION pgqueue.pgq_ack(msg_id bigint, claim_token uuid, queue text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
 BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
     IF msg_id IS NULL OR claim_token IS NULL THEN
         PERFORM pgqueue._require(msg_id, 'msg_id');
         PERFORM pgqueue._require(claim_token, 'claim_token');
     END IF;
-    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'completed'));
+    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'completed', NULL, queue));
 END
 $$;
 
@@ -40,15 +53,22 @@ CREATE FUNCTION pgqueue._backoff(attempt integer) RETURNS interval
 LANGUAGE sql IMMUTABLE
 RETURN least(interval '1 second' * power(2, least(greatest(attempt - 1, 0), 12)), interval '1 hour');
 
--- pgq_nack's work, on a message of `queue` (NULL: of any queue).
-CREATE FUNCTION pgqueue._nack(queue text, msg_id bigint, claim_token uuid, retry_in interval, error text)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE AS $$
+CREATE FUNCTION pgqueue.pgq_nack(
+    msg_id bigint,
+    claim_token uuid,
+    retry_in interval DEFAULT NULL,
+    error text DEFAULT NULL,
+    queue text DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     h record;
     wait interval;
 BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
     PERFORM pgqueue._require(msg_id, 'msg_id');
     PERFORM pgqueue._require(claim_token, 'claim_token');
     PERFORM pgqueue._check_delay(retry_in, 'retry_in');
@@ -77,77 +97,18 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION pgqueue.pgq_nack(
-    msg_id bigint,
-    claim_token uuid,
-    retry_in interval DEFAULT NULL,
-    error text DEFAULT NULL
-) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    RETURN pgqueue._nack(NULL, msg_id, claim_token, retry_in, error);
-END
-$$;
-
-CREATE FUNCTION pgqueue.pgq_fail(msg_id bigint, claim_token uuid, error text DEFAULT NULL)
+CREATE FUNCTION pgqueue.pgq_fail(msg_id bigint, claim_token uuid, error text DEFAULT NULL, queue text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
 BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
     RETURN EXISTS (
         SELECT FROM pgqueue._to_history(ARRAY[pgqueue._require(msg_id, 'msg_id')],
                                         ARRAY[pgqueue._require(claim_token, 'claim_token')],
-                                        'dead', coalesce(error, 'failed by the consumer')));
-END
-$$;
-
--- The queue-qualified forms of pgq_ack, pgq_nack and pgq_fail (pgq_renew's are in
--- claim.sql): the same arguments after the queue. The queue must exist (42704); a message of
--- another queue is not finished, as with a stale token. With the queue in every call, a
--- sharded deployment can route each to the node of its queue (docs/design/citus.md).
-CREATE FUNCTION pgqueue.pgq_ack(queue text, msg_ids bigint[], claim_tokens uuid[]) RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_variable
-BEGIN
-    PERFORM pgqueue._queue(queue);
-    PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
-    RETURN QUERY SELECT pgqueue._to_history(msg_ids, claim_tokens, 'completed', NULL, queue);
-END
-$$;
-
-CREATE FUNCTION pgqueue.pgq_ack(queue text, msg_id bigint, claim_token uuid) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_variable
-BEGIN
-    PERFORM pgqueue._queue(queue);
-    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[pgqueue._require(msg_id, 'msg_id')],
-                                                   ARRAY[pgqueue._require(claim_token, 'claim_token')],
-                                                   'completed', NULL, queue));
-END
-$$;
-
-CREATE FUNCTION pgqueue.pgq_nack(
-    queue text,
-    msg_id bigint,
-    claim_token uuid,
-    retry_in interval DEFAULT NULL,
-    error text DEFAULT NULL
-) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM pgqueue._queue(queue);
-    RETURN pgqueue._nack(queue, msg_id, claim_token, retry_in, error);
-END
-$$;
-
-CREATE FUNCTION pgqueue.pgq_fail(queue text, msg_id bigint, claim_token uuid, error text DEFAULT NULL)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_variable
-BEGIN
-    PERFORM pgqueue._queue(queue);
-    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[pgqueue._require(msg_id, 'msg_id')],
-                                                   ARRAY[pgqueue._require(claim_token, 'claim_token')],
-                                                   'dead', coalesce(error, 'failed by the consumer'), queue));
+                                        'dead', coalesce(error, 'failed by the consumer'), queue));
 END
 $$;
 

@@ -13,18 +13,12 @@ TO pgqueue_producer;
 GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_claim(text, integer, interval, text, boolean, interval),
     pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval),
-    pgqueue.pgq_renew(bigint, uuid, interval),
-    pgqueue.pgq_renew(bigint[], uuid[], interval),
-    pgqueue.pgq_ack(bigint, uuid),
-    pgqueue.pgq_ack(bigint[], uuid[]),
-    pgqueue.pgq_nack(bigint, uuid, interval, text),
-    pgqueue.pgq_fail(bigint, uuid, text),
-    pgqueue.pgq_renew(text, bigint, uuid, interval),
-    pgqueue.pgq_renew(text, bigint[], uuid[], interval),
-    pgqueue.pgq_ack(text, bigint, uuid),
-    pgqueue.pgq_ack(text, bigint[], uuid[]),
-    pgqueue.pgq_nack(text, bigint, uuid, interval, text),
-    pgqueue.pgq_fail(text, bigint, uuid, text)
+    pgqueue.pgq_renew(bigint, uuid, interval, text),
+    pgqueue.pgq_renew(bigint[], uuid[], interval, text),
+    pgqueue.pgq_ack(bigint, uuid, text),
+    pgqueue.pgq_ack(bigint[], uuid[], text),
+    pgqueue.pgq_nack(bigint, uuid, interval, text, text),
+    pgqueue.pgq_fail(bigint, uuid, text, text)
 TO pgqueue_consumer;
 
 GRANT pgqueue_producer, pgqueue_consumer TO pgqueue_admin;

@@ -2,13 +2,19 @@
 prototype layouts of the same job cycle (send in batches of 128, claim 64, ack 64), one
 session, each call its own transaction. Counts, not times: the numbers do not depend on the
 machine's load. See docs/design/write-path.md for what each layout is and what it keeps.
+A second table breaks a send down: pgq_send_batch against the same rows inserted into copies
+of its table with one thing changed each (fillfactor, row width, indexes, per-call work), and
+against COPY into a table with one index.
 
     python bench/write_path/probe.py "host=127.0.0.1 port=54999 user=postgres" [jobs]
 
 The server needs pgqueue installed (CREATE EXTENSION is run) and pg_stat_wal (PostgreSQL 14+).
+The send breakdown empties pgqueue.messages (TRUNCATE): run the probe on a scratch server.
 """
 
+import statistics
 import sys
+import time
 import uuid
 
 import psycopg
@@ -134,6 +140,140 @@ def measure(c, name, jobs, run, hot):
         f"{float(wal) / jobs:,.0f} | {per(after[1], before[1]):.2f} | {per(after[2], before[2]):.3f} | "
         f"{dead / jobs:.2f} | {float(vacuum) / jobs:,.0f} |"
     )
+
+
+# The send breakdown's tables, each created afresh before its measurement. pgqueue's table as
+# it is (LIKE does not copy the fillfactor), then one change at a time.
+SEND_TABLES = {
+    "copy": "CREATE TABLE proto.send (LIKE pgqueue.messages INCLUDING ALL) WITH (fillfactor = 80)",
+    "copy, fillfactor 100": "CREATE TABLE proto.send (LIKE pgqueue.messages INCLUDING ALL) WITH (fillfactor = 100)",
+    # Written out, not ALTER TABLE … DROP COLUMN: a dropped column stays in every new row's
+    # attribute count, and so in its null bitmap.
+    "copy, claim columns dropped": """
+        CREATE TABLE proto.send (
+            msg_id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            queue       text NOT NULL,
+            state       text NOT NULL CHECK (state IN ('ready', 'delayed', 'claimed')),
+            priority    smallint NOT NULL DEFAULT 0 CHECK (priority BETWEEN -1000 AND 1000),
+            attempt     integer NOT NULL DEFAULT 0,
+            payload     jsonb NOT NULL,
+            headers     jsonb,
+            enqueued_at timestamptz NOT NULL DEFAULT now(),
+            visible_at  timestamptz,
+            dedup_key   text,
+            CHECK ((state = 'delayed') = (visible_at IS NOT NULL))
+        ) WITH (fillfactor = 80);
+        CREATE INDEX ON proto.send (queue, priority DESC, msg_id) WHERE state = 'ready';
+        CREATE INDEX ON proto.send (queue, visible_at) WHERE state = 'delayed';
+        CREATE INDEX ON proto.send (msg_id) WHERE state = 'claimed'""",
+    "copy, primary key only": """
+        CREATE TABLE proto.send (LIKE pgqueue.messages INCLUDING ALL EXCLUDING INDEXES) WITH (fillfactor = 80);
+        ALTER TABLE proto.send ADD PRIMARY KEY (msg_id)""",
+    "copy, ready index only": """
+        CREATE TABLE proto.send (LIKE pgqueue.messages INCLUDING ALL EXCLUDING INDEXES) WITH (fillfactor = 80);
+        CREATE INDEX ON proto.send (queue, priority DESC, msg_id) WHERE state = 'ready'""",
+    "floor": """
+        CREATE TABLE proto.send (
+            msg_id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            queue   text NOT NULL,
+            payload jsonb NOT NULL
+        )""",
+}
+
+
+def measure_sends(c, name, jobs, send, table="proto.send"):
+    """Per row, for jobs rows sent in batches of BATCH, each batch its own transaction; the
+    table is fresh (created, or truncated for pgqueue's) and the CHECKPOINT comes after, so
+    that every measurement starts with no page written since it: the full-page images are
+    then those of pages the sends touch first, alike for every row."""
+    # An autovacuum during the run would be counted (the WAL position is the server's, not the
+    # table's): the earlier measurements' tables and the catalogs are vacuumed and analyzed
+    # first, so none is due, and this table's 25,600 inserts must not start one.
+    c.execute("VACUUM ANALYZE")
+    c.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    c.execute("CHECKPOINT")
+    before = counters(c)
+    times = []
+    for _ in range(jobs // BATCH):
+        start = time.perf_counter()
+        send(BATCH)
+        times.append(time.perf_counter() - start)
+    after = counters(c)
+    wal = c.execute("SELECT %s::pg_lsn - %s::pg_lsn", (after[0], before[0])).fetchone()[0]
+    heap, indexes = c.execute("SELECT pg_relation_size(%s), pg_indexes_size(%s)", (table, table)).fetchone()
+    c.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+    rows = jobs // BATCH * BATCH
+    per = lambda a, b: (a - b) / rows  # noqa: E731
+    print(
+        f"| {name} | {per(after[3], before[3]):.2f} | {float(wal) / rows:,.0f} | {per(after[1], before[1]):.2f} | "
+        f"{per(after[2], before[2]):.3f} | {heap / rows:.0f} | {indexes / rows:.0f} | "
+        f"{statistics.median(times) * 1000:.2f} |"
+    )
+
+
+def payloads(n):
+    """The batch as the client sends it: n payloads in one jsonb[] parameter."""
+    return [PAYLOAD] * n
+
+
+def insert_unnest(c, n, columns="queue, state, payload", values="'probe', 'ready', p", lock=False):
+    """n rows into proto.send, one INSERT … SELECT unnest(…), as pgq_send_batch inserts them;
+    lock: in the same statement, the queue row's FOR KEY SHARE, the one row _lock_queue writes
+    (one statement, so the same round trips as the others)."""
+    if lock:
+        columns, values = "queue, state, payload", "q.queue, 'ready', p"
+    c.execute(
+        ("WITH q AS (SELECT queue FROM pgqueue.queues WHERE queue = 'probe' FOR KEY SHARE) " if lock else "")
+        + f"INSERT INTO proto.send ({columns}) SELECT {values} FROM "
+        + ("q, " if lock else "")
+        + "unnest(%s::jsonb[]) p",
+        (payloads(n),),
+    )
+
+
+def copy_rows(c, n):
+    """n rows into proto.send by COPY: PostgreSQL writes them with one WAL record per page
+    filled (heap_multi_insert), where an INSERT writes one per row."""
+    with c.cursor().copy("COPY proto.send (queue, payload) FROM STDIN") as copy:
+        for _ in range(n):
+            copy.write_row(("probe", PAYLOAD))
+
+
+def send_breakdown(c, jobs):
+    """Where a send's WAL goes: pgq_send_batch, then the same rows without the function, then
+    one change to the table at a time, down to the floor."""
+    print(f"\nSends alone, {jobs} rows in batches of {BATCH}, each batch its own transaction; per row:\n")
+    print(
+        "| send | row writes | WAL bytes | WAL records | full-page images | heap bytes | index bytes "
+        "| median ms per batch (client side, noisy) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    # pgqueue's table emptied to a new file, as if created: the cycle above left rows and
+    # free space in it, whose pages would cost full-page images the fresh copies do not. The
+    # queue is 'probe', as in the copies' rows: its name is stored in each row and in each
+    # ready-index entry. Then the queue of the table above, whose name is 6 bytes longer.
+    for queue in ("probe", "probe_sends"):
+        c.execute("TRUNCATE pgqueue.messages")
+        measure_sends(
+            c, f"pgq_send_batch, queue '{queue}'", jobs,
+            lambda n, queue=queue: c.execute(
+                "SELECT count(*) FROM pgqueue.pgq_send_batch(%s, %s::jsonb[])", (queue, payloads(n))),
+            "pgqueue.messages",
+        )
+    for name, table, send in (
+        ("INSERT … unnest, copy of its table (fillfactor 80, 5 indexes)", "copy", insert_unnest),
+        ("the same + the queue row's KEY SHARE lock", "copy", lambda c, n: insert_unnest(c, n, lock=True)),
+        ("copy, fillfactor 100", "copy, fillfactor 100", insert_unnest),
+        ("copy, claim columns dropped (10 columns, not 17)", "copy, claim columns dropped", insert_unnest),
+        ("copy, primary key only", "copy, primary key only", insert_unnest),
+        ("copy, ready index only (no primary key)", "copy, ready index only", insert_unnest),
+        ("floor: msg_id, queue, payload, primary key; INSERT … unnest", "floor",
+         lambda c, n: insert_unnest(c, n, "queue, payload", "'probe', p")),
+        ("floor by COPY", "floor", copy_rows),
+    ):
+        c.execute("DROP TABLE IF EXISTS proto.send")
+        c.execute(SEND_TABLES[table])
+        measure_sends(c, name, jobs, lambda n, send=send: send(c, n))
 
 
 def send_batch(c, queue, n):
@@ -294,6 +434,7 @@ def main():
         c.execute("TRUNCATE proto.messages")
         measure(c, "C's send alone (INSERT, two indexes)", jobs, lambda n: sends_alone(n, lambda k: insert(c, "proto.messages", k)), [])
         measure(c, "insert only, one index", jobs, lambda n: sends_alone(n, lambda k: insert(c, "proto.baseline", k, "payload", "%s::jsonb")), [])
+        send_breakdown(c, jobs)
 
 
 if __name__ == "__main__":

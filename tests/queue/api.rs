@@ -621,11 +621,11 @@ fn a_transaction_claims_what_it_made_claimable_itself() {
     c.batch_execute("COMMIT").unwrap();
 }
 
-/// The queue-qualified forms of pgq_ack, pgq_nack, pgq_fail and pgq_renew: the same as the
-/// others on the queue's messages; a message of another queue is left as a stale token is; an
-/// unknown queue is an error that changes nothing.
+/// pgq_ack, pgq_nack, pgq_fail and pgq_renew with their last argument, the queue: the same on
+/// the queue's messages; a message of another queue is left as a stale token is; an unknown
+/// queue is an error that changes nothing; calls without it resolve as before.
 #[test]
-fn queue_qualified_finishes_act_only_on_their_queue() {
+fn finishes_given_a_queue_act_only_on_its_messages() {
     let mut c = connect();
     let (q, other) = (new_queue(&mut c, ", max_attempts => 2"), new_queue(&mut c, ""));
     for i in 0..6 {
@@ -639,7 +639,7 @@ fn queue_qualified_finishes_act_only_on_their_queue() {
     };
 
     // Renew: the queue's claims only.
-    let renew = "SELECT pgqueue.pgq_renew($1::text, $2::bigint, $3::uuid, '1 hour')";
+    let renew = "SELECT pgqueue.pgq_renew($2::bigint, $3::uuid, '1 hour', queue => $1::text)";
     assert!(scalar(&mut c, renew, &q, &mine[0]));
     assert!(!scalar(&mut c, renew, &q, &theirs), "another queue's message is not renewed");
     let stale = Claimed { token: Uuid::new_v4(), ..mine[1] };
@@ -648,7 +648,7 @@ fn queue_qualified_finishes_act_only_on_their_queue() {
     let tokens: Vec<Uuid> = vec![mine[0].token, theirs.token, mine[1].token];
     let renewed: Vec<i64> = c
         .query(
-            "SELECT * FROM pgqueue.pgq_renew($1, $2::bigint[], $3::uuid[], '1 hour') ORDER BY 1",
+            "SELECT * FROM pgqueue.pgq_renew($2::bigint[], $3::uuid[], '1 hour', $1) ORDER BY 1",
             &[&q, &ids, &tokens],
         )
         .unwrap()
@@ -666,7 +666,7 @@ fn queue_qualified_finishes_act_only_on_their_queue() {
 
     // Ack, batch and single.
     let acked: Vec<i64> = c
-        .query("SELECT * FROM pgqueue.pgq_ack($1, $2::bigint[], $3::uuid[]) ORDER BY 1", &[&q, &ids, &tokens])
+        .query("SELECT * FROM pgqueue.pgq_ack($2::bigint[], $3::uuid[], queue => $1) ORDER BY 1", &[&q, &ids, &tokens])
         .unwrap()
         .iter()
         .map(|r| r.get(0))
@@ -674,13 +674,13 @@ fn queue_qualified_finishes_act_only_on_their_queue() {
     assert_eq!(acked, vec![mine[0].id, mine[1].id]);
     assert_eq!(outcome(&mut c, mine[0].id).as_deref(), Some("completed"));
     assert_eq!(state(&mut c, theirs.id).as_deref(), Some("claimed"), "another queue's message is not acked");
-    let ack = "SELECT pgqueue.pgq_ack($1::text, $2::bigint, $3::uuid)";
+    let ack = "SELECT pgqueue.pgq_ack($2::bigint, $3::uuid, $1::text)";
     assert!(!scalar(&mut c, ack, &q, &theirs));
     assert!(scalar(&mut c, ack, &q, &mine[2]));
     assert!(!scalar(&mut c, ack, &q, &mine[2]), "acked already: the token is stale");
 
     // Nack: back to ready (attempt 1 of 2), then dead on the last attempt.
-    let nack = "SELECT pgqueue.pgq_nack($1::text, $2::bigint, $3::uuid, retry_in => '0', error => 'later')";
+    let nack = "SELECT pgqueue.pgq_nack($2, $3, retry_in => '0', error => 'later', queue => $1)";
     assert!(!scalar(&mut c, nack, &q, &theirs));
     assert_eq!(state(&mut c, theirs.id).as_deref(), Some("claimed"));
     assert!(scalar(&mut c, nack, &q, &mine[3]));
@@ -691,7 +691,7 @@ fn queue_qualified_finishes_act_only_on_their_queue() {
     assert_eq!(outcome(&mut c, mine[3].id).as_deref(), Some("dead"), "nacked on its last attempt");
 
     // Fail: dead now, with the error.
-    let fail = "SELECT pgqueue.pgq_fail($1::text, $2::bigint, $3::uuid, 'broken')";
+    let fail = "SELECT pgqueue.pgq_fail($2, $3, 'broken', $1)";
     assert!(!scalar(&mut c, fail, &q, &theirs));
     assert!(scalar(&mut c, fail, &q, &mine[4]));
     let error: String =
@@ -706,25 +706,28 @@ fn queue_qualified_finishes_act_only_on_their_queue() {
         assert_eq!(sqlstate(c.query_one(sql, &[&missing, &held.id, &held.token])), "42704", "{sql}");
     }
     assert_eq!(sqlstate(c.query_one(ack, &[&"Bad Name", &held.id, &held.token])), "22023", "a malformed name");
-    assert_eq!(sqlstate(c.query_one(ack, &[&None::<String>, &held.id, &held.token])), "22004");
     assert_eq!(sqlstate(c.query_one(ack, &[&q, &None::<i64>, &held.token])), "22004");
     assert_eq!(sqlstate(c.query_one(fail, &[&q, &held.id, &None::<Uuid>])), "22004");
     assert_eq!(sqlstate(c.query_one(nack, &[&q, &None::<i64>, &held.token])), "22004");
-    let bad_delay = "SELECT pgqueue.pgq_nack($1::text, $2::bigint, $3::uuid, retry_in => '-1 s')";
+    let bad_delay = "SELECT pgqueue.pgq_nack($2, $3, retry_in => '-1 s', queue => $1)";
     assert_eq!(sqlstate(c.query_one(bad_delay, &[&q, &held.id, &held.token])), "22023");
-    let bad_lease = "SELECT pgqueue.pgq_renew($1::text, $2::bigint, $3::uuid, '0 s')";
+    let bad_lease = "SELECT pgqueue.pgq_renew($2::bigint, $3::uuid, '0 s', $1)";
     assert_eq!(sqlstate(c.query_one(bad_lease, &[&q, &held.id, &held.token])), "22023");
     let short = vec![held.id];
     let two = vec![held.token, theirs.token];
     assert_eq!(
-        sqlstate(c.execute("SELECT pgqueue.pgq_ack($1, $2::bigint[], $3::uuid[])", &[&q, &short, &two])),
+        sqlstate(c.execute("SELECT pgqueue.pgq_ack($2::bigint[], $3::uuid[], $1)", &[&q, &short, &two])),
         "22023"
     );
-    assert_eq!(sqlstate(c.execute("SELECT pgqueue.pgq_renew($1, $2::bigint[], NULL::uuid[])", &[&q, &short])), "22004");
+    assert_eq!(
+        sqlstate(c.execute("SELECT pgqueue.pgq_renew($2::bigint[], NULL::uuid[], queue => $1)", &[&q, &short])),
+        "22004"
+    );
     assert_eq!(state(&mut c, held.id).as_deref(), Some("claimed"));
     assert_eq!(state(&mut c, theirs.id).as_deref(), Some("claimed"));
 
-    // The forms without a queue still resolve as before, by name and by position.
+    // Calls without a queue resolve as before: by name, by position with literals, and with
+    // parameters whose types the server infers (one function per name and arity).
     let by_name: bool = c
         .query_one("SELECT pgqueue.pgq_renew(msg_id => $1, claim_token => $2)", &[&held.id, &held.token])
         .unwrap()
@@ -732,5 +735,13 @@ fn queue_qualified_finishes_act_only_on_their_queue() {
     assert!(by_name);
     let by_position: bool =
         c.query_one(&format!("SELECT pgqueue.pgq_nack({}, '{}', '0 s')", held.id, held.token), &[]).unwrap().get(0);
-    assert!(by_position, "an integer literal and untyped literals: the form without a queue");
+    assert!(by_position, "an integer literal and untyped literals");
+    let inferred: bool =
+        c.query_one("SELECT pgqueue.pgq_fail($1, $2, 'given up')", &[&held.id, &held.token]).unwrap().get(0);
+    assert!(!inferred, "nacked above: the token is stale, and the call resolves");
+    let by_position_queue: bool = c
+        .query_one(&format!("SELECT pgqueue.pgq_fail({}, '{}', 'x', '{}')", theirs.id, theirs.token, other), &[])
+        .unwrap()
+        .get(0);
+    assert!(by_position_queue, "the queue by position");
 }
