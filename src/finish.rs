@@ -64,7 +64,7 @@ fn _to_history(
     _to_history_in(msg_ids, claim_tokens, outcome, error, None)
 }
 
-/// `pgqueue._to_history` of one queue (the queue-qualified pgq_ack and pgq_fail).
+/// `pgqueue._to_history` with a queue (NULL: any): pgq_ack, pgq_nack and pgq_fail given their queue.
 #[pg_extern(sql = false)]
 fn _to_history_in(
     msg_ids: Option<AnyArray>,
