@@ -3,8 +3,9 @@
 //! each priority, handing rows out one at a time, noting what was claimed, and whether
 //! delayed messages may be due.
 
+use crate::dispatch::DUE_NEVER;
 use crate::pending::{self, Kind, Note};
-use crate::queue_state::{self, DUE_NEVER, Key, State};
+use crate::queue_state::{self, Key, State};
 use crate::statement::Statement;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::{
@@ -29,12 +30,16 @@ pub fn start(queue: &str) -> Start {
     let key = Key::new(queue);
     let state = key.and_then(|key| {
         queue_state::with_lock(false, |table| {
-            table.entry(&key, false).map(|e| (e.hints(), e.epoch(), e.wake_seq(), e.next_due()))
+            table
+                .entry(&key, false)
+                .map(|e| (e.dispatch.hints(), e.dispatch.epoch(), e.dispatch.wake_seq(), e.dispatch.next_due()))
         })
         .flatten()
         .or_else(|| {
             queue_state::with_lock(true, |table| {
-                table.entry(&key, true).map(|e| (e.hints(), e.epoch(), e.wake_seq(), e.next_due()))
+                table
+                    .entry(&key, true)
+                    .map(|e| (e.dispatch.hints(), e.dispatch.epoch(), e.dispatch.wake_seq(), e.dispatch.next_due()))
             })
             .flatten()
         })
@@ -76,20 +81,29 @@ fn _take(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64) -> bool {
     let epoch = epoch.filter(|_| snapshot_per_statement()).map(|e| e as u64);
     // None: passed over; Some(raised). Untracked: handed (the claim scans from the start).
     let taken = queue_state::with_lock(false, |table| {
-        table.entry(&key, false).map_or(Some(false), |entry| entry.take(priority, epoch, msg_id))
+        table.entry(&key, false).map_or(Some(false), |entry| entry.dispatch.take(priority, epoch, msg_id))
     })
     .unwrap_or(Some(false));
-    let Some(raised) = taken else { return false };
-    HANDED.set(Some((key, priority, msg_id)));
-    if raised {
-        // Rolled back, the row is claimable again: the hint comes back down to it.
-        let mut note = Note::new(key, Kind::Claimed);
-        note.priority = priority;
-        note.low = msg_id;
-        note.high = msg_id;
-        pending::record(note);
+    if taken.is_none() {
+        return false;
     }
+    HANDED.set(Some((key, priority, msg_id)));
+    // Rolled back, the row is claimable again: the hint comes back down to it, raised by
+    // this claim or not (another claim may have raised it past the row and skipped it,
+    // locked; dispatch/tests.rs has the case).
+    rollback_note(key, priority, msg_id);
     true
+}
+
+/// At rollback, lowers `priority`'s hint to `msg_id`, which this claim holds, and wakes a
+/// waiting claim for it.
+fn rollback_note(key: Key, priority: i16, msg_id: i64) {
+    let mut note = Note::new(key, Kind::Claimed);
+    note.priority = priority;
+    note.low = msg_id;
+    note.high = msg_id;
+    note.count = 1;
+    pending::record(note);
 }
 
 thread_local! {
@@ -105,13 +119,14 @@ pub fn snapshot_per_statement() -> bool {
 }
 
 /// Notes `n` messages of `priority` claimed (ids `low` to `high`, leases ending from
-/// `expiry`): at commit the re-arm pass learns of them; a rollback makes them claimable.
-pub fn claimed_note(key: Key, priority: i16, low: i64, high: i64, n: i64, expiry: pg_sys::TimestampTz) {
+/// `expiry`): at commit the re-arm pass learns of them; a rollback makes them claimable, and
+/// wakes waiting claims for `wakes` of them (0: each was noted as it was handed).
+pub fn claimed_note(key: Key, priority: i16, (low, high): (i64, i64), n: i64, expiry: pg_sys::TimestampTz, wakes: i64) {
     let mut note = Note::new(key, Kind::Claimed);
     note.priority = priority;
     note.low = low;
     note.high = high;
-    note.count = n;
+    note.count = wakes;
     note.expiry = expiry;
     note.moved(n, Some(State::Ready), Some(State::Claimed));
     pending::record(note);
@@ -121,7 +136,7 @@ pub fn claimed_note(key: Key, priority: i16, low: i64, high: i64, n: i64, expiry
 #[pg_extern(volatile, parallel_unsafe)]
 fn _due_epoch(queue: &str) -> Option<i64> {
     let key = Key::new(queue)?;
-    queue_state::with_lock(true, |table| table.entry(&key, true).map(|e| e.epoch() as i64)).flatten()
+    queue_state::with_lock(true, |table| table.entry(&key, true).map(|e| e.dispatch.epoch() as i64)).flatten()
 }
 
 /// A promotion that started at `epoch` left nothing due before `next` (NULL: no delayed
@@ -133,13 +148,14 @@ fn _due_after(queue: &str, epoch: Option<i64>, next: Option<TimestampWithTimeZon
         return false;
     }
     let due = next.map_or(DUE_NEVER, pg_sys::TimestampTz::from);
-    let raised =
-        queue_state::with_lock(true, |table| table.entry(&key, false).is_some_and(|e| e.raise_due(epoch as u64, due)))
-            .unwrap_or(false);
+    let raised = queue_state::with_lock(true, |table| {
+        table.entry(&key, false).is_some_and(|e| e.dispatch.raise_due(epoch as u64, due))
+    })
+    .unwrap_or(false);
     if raised {
         // Rolled back, the promoted messages are due again.
         let mut note = Note::new(key, Kind::Other);
-        note.raised_due = true;
+        note.forgets_due = true;
         pending::record(note);
     }
     raised
@@ -184,7 +200,7 @@ static QUEUE_OR_ERROR: Statement =
 static PROMOTE: Statement = Statement { sql: c"SELECT pgqueue._promote_due($1, 1000)", args: &[TEXTOID] };
 /// Without hints: from the start of the queue's claimable rows.
 static PICK: Statement = Statement {
-    sql: c"SELECT m.msg_id FROM pgqueue.messages m
+    sql: c"SELECT m.msg_id, m.priority FROM pgqueue.messages m
             WHERE m.queue = $1 AND m.state = 'ready'
             ORDER BY m.priority DESC, m.msg_id
             LIMIT $2
@@ -333,7 +349,13 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
 fn pick(queue: &str, s: &Start, qty: i32) -> Vec<i64> {
     let Some(hints) = &s.hints else {
         let rows = PICK.run(&[queue.into_datum(), qty.into_datum()]);
-        return (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
+        let picked: Vec<(i64, i16)> =
+            (0..rows.len()).filter_map(|r| Some((rows.get::<i64>(r, 1)?, rows.get::<i16>(r, 2)?))).collect();
+        // Held now: noted for a rollback before anything else can fail (as `_take` does).
+        if let Some(key) = Key::new(queue) {
+            picked.iter().for_each(|&(id, priority)| rollback_note(key, priority, id));
+        }
+        return picked.into_iter().map(|(id, _)| id).collect();
     };
     let mut picked = vec![];
     for &(priority, from) in hints {
@@ -391,7 +413,7 @@ fn claim_picked(
         for group in claimed.chunk_by(|a, b| a.3 == b.3) {
             let expiry = group.iter().map(|c| pg_sys::TimestampTz::from(c.7)).min();
             let (low, high) = (group[0].0, group[group.len() - 1].0);
-            claimed_note(key, group[0].3, low, high, group.len() as i64, expiry.unwrap_or(i64::MIN));
+            claimed_note(key, group[0].3, (low, high), group.len() as i64, expiry.unwrap_or(i64::MIN), 0);
         }
     }
     claimed

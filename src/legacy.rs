@@ -60,13 +60,13 @@ fn _claimed(
     if n <= 0 {
         return false;
     }
-    claim::claimed_note(key, priority, low, high, n, expiry.map_or(i64::MIN, pg_sys::TimestampTz::from));
+    claim::claimed_note(key, priority, (low, high), n, expiry.map_or(i64::MIN, pg_sys::TimestampTz::from), n);
     if let Some(epoch) = epoch
         && claim::snapshot_per_statement()
     {
         queue_state::with_lock(true, |table| {
             if let Some(entry) = table.entry(&key, false) {
-                entry.raise(priority, epoch as u64, high.saturating_add(1));
+                entry.dispatch.raise(priority, epoch as u64, high.saturating_add(1));
             }
         });
     }
@@ -79,7 +79,7 @@ fn _claimed(
 fn _ahead(queue: &str, priority: i16, msg_id: i64) -> bool {
     let Some(key) = Key::new(queue) else { return true };
     queue_state::with_lock(false, |table| {
-        table.entry(&key, false).is_none_or(|e| e.take(priority, None, msg_id).is_some())
+        table.entry(&key, false).is_none_or(|e| e.dispatch.take(priority, None, msg_id).is_some())
     })
     .unwrap_or(true)
 }

@@ -6,12 +6,11 @@
 //! Why sends are special: ids are taken in order but transactions commit in any order. A
 //! claim that saw id 7 committed while id 5 was not yet visible may have raised its hint past
 //! 5; 5's commit must then lower it. Each commit that makes messages ready is counted at
-//! pre-commit (before anyone can see it); a send whose pre-commit no other such commit
-//! overlapped, and that no earlier one outran with a higher id, is in order: nobody can have
-//! claimed past it, and it commits without touching the hint (and without failing the
-//! claims under way, which a lowering would).
+//! pre-commit (before anyone can see it), so that a send nobody can have claimed past commits
+//! without lowering (`Dispatch::commit_ready`).
 
-use crate::queue_state::{self, DEPTHS, DUE_NEVER, Key, State};
+use crate::dispatch::DUE_NEVER;
+use crate::queue_state::{self, DEPTHS, Key, State};
 use crate::rollup;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -46,8 +45,10 @@ pub struct Note {
     pub due: i64,
     /// Earliest lease end of messages it claimed or renewed.
     pub expiry: i64,
-    /// This transaction raised the queue's next due time: forget it on rollback.
-    pub raised_due: bool,
+    /// Rolled back, this leaves the queue's next due time unknown: it raised it, or it
+    /// promoted messages, which are then delayed and due again (another promotion may have
+    /// raised the due time past them, skipping them locked).
+    pub forgets_due: bool,
     pub wake_all: bool,
     /// The queue was created or dropped: start over.
     pub reset: bool,
@@ -73,7 +74,7 @@ impl Note {
             events: rollup::Events::default(),
             due: DUE_NEVER,
             expiry: i64::MAX,
-            raised_due: false,
+            forgets_due: false,
             wake_all: false,
             reset: false,
             sequence: 0,
@@ -124,7 +125,7 @@ pub fn record(mut note: Note) {
             last.events.add(&note.events);
             last.due = last.due.min(note.due);
             last.expiry = last.expiry.min(note.expiry);
-            last.raised_due |= note.raised_due;
+            last.forgets_due |= note.forgets_due;
             last.wake_all |= note.wake_all;
             return;
         }
@@ -251,7 +252,7 @@ fn pre_commit() {
         queue_state::with_lock(true, |table| {
             for (key, high, sequence, before) in counted.iter_mut() {
                 if let Some(entry) = table.entry(key, true) {
-                    (*sequence, *before) = entry.precommit_ready(*high);
+                    (*sequence, *before) = entry.dispatch.precommit_ready(*high);
                 }
             }
         });
@@ -316,7 +317,7 @@ fn apply(notes: &[Note]) {
                 if note.kind == Kind::Claimed {
                     // Rolled back with a savepoint: lowered then; again now that it is final.
                     if let Some(entry) = table.entry(&note.key, false) {
-                        entry.lower(note.priority, note.low);
+                        entry.dispatch.lower(note.priority, note.low);
                     }
                 }
                 continue;
@@ -328,15 +329,12 @@ fn apply(notes: &[Note]) {
             entry.add_depth(&note.depth);
             entry.add_events(&note.events);
             if note.makes_ready() {
-                let in_order =
-                    note.kind == Kind::Sent && entry.ready_commits() == note.sequence && note.before < note.low;
-                if !in_order || !entry.tracks(note.priority) {
-                    entry.lower(note.priority, note.low);
-                }
+                let sent = (note.kind == Kind::Sent).then_some((note.sequence, note.before));
+                entry.dispatch.commit_ready(note.priority, note.low, sent);
                 entry.wake(note.count);
             }
             if note.due != DUE_NEVER {
-                entry.lower_due(note.due);
+                entry.dispatch.lower_due(note.due);
             }
             if note.wake_all {
                 entry.wake_all();
@@ -348,7 +346,7 @@ fn apply(notes: &[Note]) {
 
 /// What a rollback makes claimable again: the messages its claims had taken.
 fn apply_rollback(notes: &[Note]) {
-    if !notes.iter().any(|n| n.kind == Kind::Claimed || n.raised_due) {
+    if !notes.iter().any(|n| n.kind == Kind::Claimed || n.forgets_due) {
         return;
     }
     queue_state::with_lock(true, |table| {
@@ -356,11 +354,11 @@ fn apply_rollback(notes: &[Note]) {
             let Some(entry) = table.entry(&note.key, false) else { continue };
             // (A claim's rows are noted as it is handed them, before it has claimed any.)
             if note.kind == Kind::Claimed && note.low <= note.high {
-                entry.lower(note.priority, note.low);
+                entry.dispatch.lower(note.priority, note.low);
                 entry.wake(note.count);
             }
-            if note.raised_due {
-                entry.forget_due();
+            if note.forgets_due {
+                entry.dispatch.forget_due();
             }
         }
     });
@@ -408,12 +406,9 @@ fn _note(
         note.due = due.map_or(i64::MIN, pg_sys::TimestampTz::from);
     }
     if matches!(from, Some(State::Delayed)) && kind == Kind::Readied {
-        // Promoted by a claim: the claim's own scan, next, must see them.
-        queue_state::with_lock(true, |table| {
-            if let Some(entry) = table.entry(&key, false) {
-                entry.lower_for_self(note.priority, note.low);
-            }
-        });
+        // Promoted (a claim's own scan sees them: it scans from the start, as after any
+        // change of its own that makes messages ready). Rolled back, they are due again.
+        note.forgets_due = true;
     }
     record(note);
     true

@@ -1,14 +1,15 @@
 //! Per-queue state in shared memory, outside MVCC: where each priority's claimable messages
-//! start (claim hints), when the next delayed message may fall due, approximate depths, and
-//! the condition variable waiting claims sleep on.
+//! start and when the next delayed message may fall due (a `Dispatch`, `dispatch.rs`),
+//! approximate depths, and the condition variable waiting claims sleep on.
 //!
 //! Everything here is a hint. A hint may be too low (a claim then walks a few more index
 //! entries) but must never be above a claimable message: anything that makes a message
 //! claimable lowers it at commit (`pending.rs`), claims raise it only if nothing was lowered
-//! meanwhile (the entry's epoch), and the worker's tick checks every hint against the table
-//! (`validate`). Without it (library not preloaded, table full, after a restart) claims scan
-//! from the start as they always did: slower under a pinned horizon, never wrong.
+//! meanwhile (the epoch), and the worker's tick checks every hint against the table
+//! (`reconcile.rs`). Without it (library not preloaded, table full, after a restart) claims
+//! scan from the start as they always did: slower under a pinned horizon, never wrong.
 
+use crate::dispatch::Dispatch;
 use crate::guc;
 use crate::rollup;
 use pgrx::pg_sys;
@@ -21,12 +22,6 @@ use std::sync::atomic::{AtomicI64, AtomicU32};
 
 /// Queue names are at most 40 bytes (`pgqueue._check_queue_name`).
 const NAME_LEN: usize = 44;
-/// Distinct priorities tracked per queue; a queue using more falls back to full scans.
-pub const PRIORITIES: usize = 8;
-/// `next_due` when nobody knows: claims promote until a promotion finds the next due time.
-pub const DUE_UNKNOWN: i64 = i64::MIN;
-/// `next_due` when the queue has no delayed message.
-pub const DUE_NEVER: i64 = i64::MAX;
 
 /// Depth counters, by message state; `Dead`: dead letters in history.
 #[derive(Clone, Copy)]
@@ -94,29 +89,8 @@ pub struct Entry {
     cv: pg_sys::ConditionVariable,
     /// Sleepers on `cv`: an entry with sleepers is never removed (they hold its address).
     waiters: u32,
-    /// `prio`/`hint` were checked against the table at least once.
-    known: bool,
-    /// More priorities than `PRIORITIES`: claims on this queue scan from the start.
-    overflow: bool,
-    nprio: u8,
-    /// Priorities with claimable messages, highest first, and for each a msg_id below which
-    /// none of its messages is claimable. Claims raise a hint under the shared lock (an
-    /// atomic max: `take`); everything else changes it under the exclusive lock.
-    prio: [i16; PRIORITIES],
-    hint: [AtomicI64; PRIORITIES],
-    /// Bumped by every lowering: a claim raises a hint only if the epoch it started from is
-    /// still current, so a lowering never gets lost between a claim's scan and its raise.
-    epoch: u64,
-    /// Commits that made messages ready, counted at pre-commit, and the highest msg_id they
-    /// made ready: a send is "in order" (needs no lowering) only if no other such commit
-    /// overlapped it and none before it had a higher id (see `pending.rs`).
-    ready_commits: u64,
-    max_ready_id: i64,
-    /// No delayed message falls due before this (microseconds since 2000, like TimestampTz).
-    next_due: i64,
-    /// Bumped whenever messages become claimable: a waiting claim goes back to claim when it
-    /// changed since it last looked.
-    wake_seq: u64,
+    /// Where claims start (hints, epoch, in-order sends, next due time).
+    pub dispatch: Dispatch,
     /// Approximate depth by state (see `State`); meaningful once `depth_known`. Commits
     /// that only move depths (and lower the in-flight floor and expiry below) do it under the
     /// shared lock, as atomic adds and minimums: they commute, and everything that reads or
@@ -373,8 +347,7 @@ impl Locked {
             entry.waiters = 0;
             entry.wakeups = 0;
             entry.corrections = 0;
-            entry.wake_seq = 0;
-            entry.epoch = 0;
+            (&raw mut entry.dispatch).write(Dispatch::default());
             entry.claimed_floor.store(i64::MIN, Relaxed);
             entry.next_expiry.store(i64::MIN, Relaxed);
             entry.floor_since.store(i64::MIN, Relaxed);
@@ -436,176 +409,15 @@ impl Entry {
 
     /// Back to "nothing known" (a new or dropped queue, or a validation that must start over).
     fn reset(&mut self) {
-        self.known = false;
-        self.overflow = false;
-        self.nprio = 0;
-        self.prio = [0; PRIORITIES];
-        self.hint.iter().for_each(|h| h.store(i64::MAX, Relaxed));
-        self.ready_commits = 0;
-        self.max_ready_id = 0;
-        self.next_due = DUE_UNKNOWN;
+        self.dispatch.reset();
         self.depth.iter().for_each(|d| d.store(0, Relaxed));
         self.depth_known = false;
         self.dead_known = false;
         self.dead_stale = false;
-        self.epoch += 1;
-    }
-
-    /// Claims may use the hints: checked against the table, and no more priorities than fit.
-    fn hints_usable(&self) -> bool {
-        self.known && !self.overflow
-    }
-
-    /// (priorities, hints) when claims may use them; None: scan from the start.
-    pub fn hints(&self) -> Option<(Vec<i16>, Vec<i64>)> {
-        if !self.hints_usable() {
-            return None;
-        }
-        let n = usize::from(self.nprio);
-        Some((self.prio[..n].to_vec(), self.hints_of(n)))
-    }
-
-    /// Every tracked priority and its hint, known or not (for the tick's check).
-    pub fn listed(&self) -> (Vec<i16>, Vec<i64>) {
-        let n = usize::from(self.nprio);
-        (self.prio[..n].to_vec(), self.hints_of(n))
-    }
-
-    fn hints_of(&self, n: usize) -> Vec<i64> {
-        self.hint[..n].iter().map(|h| h.load(Relaxed)).collect()
-    }
-
-    pub fn tracks(&self, priority: i16) -> bool {
-        self.prio[..usize::from(self.nprio)].contains(&priority)
-    }
-
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    pub fn wake_seq(&self) -> u64 {
-        self.wake_seq
     }
 
     pub fn waiters(&self) -> u32 {
         self.waiters
-    }
-
-    pub fn next_due(&self) -> i64 {
-        self.next_due
-    }
-
-    /// Lowers `priority`'s hint to `msg_id` (adding the priority if it is new). Returns
-    /// whether the hint changed. The epoch is bumped either way: a claim under way may have
-    /// started below `msg_id` and not seen it (made claimable after its snapshot), and must
-    /// not raise the hint past it.
-    pub fn lower(&mut self, priority: i16, msg_id: i64) -> bool {
-        self.epoch += 1;
-        let n = usize::from(self.nprio);
-        match self.prio[..n].iter().position(|&p| p == priority) {
-            Some(i) if self.hint[i].load(Relaxed) > msg_id => {
-                self.hint[i].store(msg_id, Relaxed);
-                true
-            }
-            Some(_) => false,
-            None if n < PRIORITIES => {
-                let at = self.prio[..n].iter().position(|&p| p < priority).unwrap_or(n);
-                for i in (at..n).rev() {
-                    self.prio[i + 1] = self.prio[i];
-                    self.hint[i + 1].store(self.hint[i].load(Relaxed), Relaxed);
-                }
-                self.prio[at] = priority;
-                self.hint[at].store(msg_id, Relaxed);
-                self.nprio += 1;
-                true
-            }
-            None => {
-                self.overflow = true;
-                true
-            }
-        }
-    }
-
-    /// Whether `msg_id` lies below `priority`'s hint (or the priority is not tracked).
-    pub fn is_below(&self, priority: i16, msg_id: i64) -> bool {
-        let n = usize::from(self.nprio);
-        self.prio[..n].iter().position(|&p| p == priority).is_none_or(|i| self.hint[i].load(Relaxed) > msg_id)
-    }
-
-    /// A claim that started from the hints at `epoch` (None: it raises nothing) asks for
-    /// `msg_id` of `priority`: None if the hint has passed it (taken by another claim);
-    /// otherwise whether this claim raised the hint past it. Needs only the shared lock: the
-    /// epoch moves under the exclusive one, and of claims asking for the same row at once
-    /// the atomic max lets one through.
-    pub fn take(&self, priority: i16, epoch: Option<u64>, msg_id: i64) -> Option<bool> {
-        let n = usize::from(self.nprio);
-        let Some(i) = self.prio[..n].iter().position(|&p| p == priority).filter(|_| self.hints_usable()) else {
-            return Some(false);
-        };
-        if self.hint[i].load(Relaxed) > msg_id {
-            return None;
-        }
-        if epoch != Some(self.epoch) {
-            return Some(false);
-        }
-        (self.hint[i].fetch_max(msg_id.saturating_add(1), Relaxed) <= msg_id).then_some(true)
-    }
-
-    /// Lowers without bumping the epoch: for rows only this transaction can see yet (the
-    /// lowering at its commit is the one others rely on).
-    pub fn lower_for_self(&mut self, priority: i16, msg_id: i64) {
-        let epoch = self.epoch;
-        self.lower(priority, msg_id);
-        self.epoch = epoch;
-    }
-
-    /// Raises `priority`'s hint to `msg_id` if no lowering happened since `epoch`; whether
-    /// it did.
-    pub fn raise(&mut self, priority: i16, epoch: u64, msg_id: i64) -> bool {
-        if self.epoch != epoch || !self.known {
-            return false;
-        }
-        let n = usize::from(self.nprio);
-        match self.prio[..n].iter().position(|&p| p == priority) {
-            Some(i) if self.hint[i].load(Relaxed) < msg_id => {
-                self.hint[i].store(msg_id, Relaxed);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Counts a commit that makes messages up to `high` ready; returns (its sequence number,
-    /// the highest id made ready before it).
-    pub fn precommit_ready(&mut self, high: i64) -> (u64, i64) {
-        let before = self.max_ready_id;
-        self.ready_commits += 1;
-        self.max_ready_id = self.max_ready_id.max(high);
-        (self.ready_commits, before)
-    }
-
-    pub fn ready_commits(&self) -> u64 {
-        self.ready_commits
-    }
-
-    pub fn lower_due(&mut self, due: i64) {
-        if due < self.next_due {
-            self.next_due = due;
-            self.epoch += 1;
-        }
-    }
-
-    /// The next due time found by a promotion that started at `epoch`.
-    pub fn raise_due(&mut self, epoch: u64, due: i64) -> bool {
-        if self.epoch != epoch || due <= self.next_due {
-            return false;
-        }
-        self.next_due = due;
-        true
-    }
-
-    pub fn forget_due(&mut self) {
-        self.next_due = DUE_UNKNOWN;
     }
 
     /// Under either lock.
@@ -662,14 +474,6 @@ impl Entry {
         self.depth_known.then(|| std::array::from_fn(|i| self.depth[i].load(Relaxed).max(0)))
     }
 
-    pub fn mark_known(&mut self) {
-        self.known = true;
-    }
-
-    pub fn is_known(&self) -> bool {
-        self.known
-    }
-
     pub fn counters(&self) -> (i64, i64) {
         (self.wakeups, self.corrections)
     }
@@ -680,7 +484,7 @@ impl Entry {
 
     /// Messages became claimable: wake up to `n` sleeping claims (each may take them).
     pub fn wake(&mut self, n: i64) {
-        self.wake_seq += 1;
+        self.dispatch.announce();
         let woken = n.min(i64::from(self.waiters));
         for _ in 0..woken {
             // SAFETY: cv was initialised with the entry; signalling under our LWLock is allowed.
@@ -700,7 +504,7 @@ impl Entry {
 
     /// Every sleeping claim looks again (resume, drop).
     pub fn wake_all(&mut self) {
-        self.wake_seq += 1;
+        self.dispatch.announce();
         if self.waiters > 0 {
             self.wakeups += i64::from(self.waiters);
             // SAFETY: as in `wake`.

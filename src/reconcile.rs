@@ -27,8 +27,8 @@ struct Seen {
 pub fn run(recount: bool, current_sql: bool) -> i64 {
     let mut seen: Vec<Seen> = queue_state::this_database(|e| Seen {
         key: e.key(),
-        priorities: e.listed().0,
-        hints: e.listed().1,
+        priorities: e.dispatch.listed().0,
+        hints: e.dispatch.listed().1,
         waiters: e.waiters(),
         depth_known: e.depth().is_some(),
     });
@@ -63,14 +63,14 @@ pub fn run(recount: bool, current_sql: bool) -> i64 {
         let found = claimable(&queue, &s.priorities);
         queue_state::with_lock(true, |table| {
             let Some(entry) = table.entry(&s.key, false) else { return };
-            let known = entry.is_known();
+            let known = entry.dispatch.is_known();
             let mut lowered = false;
             let mut any = false;
             for &(priority, msg_id, due, busy) in &found {
                 if let (Some(priority), Some(msg_id)) = (priority, msg_id) {
                     any = true;
-                    if entry.is_below(priority, msg_id) {
-                        entry.lower(priority, msg_id);
+                    if entry.dispatch.is_below(priority, msg_id) {
+                        entry.dispatch.lower(priority, msg_id);
                         lowered = true;
                         // A correction (a missed lowering) only if the hint was above it
                         // before the check's snapshot and nobody had the message locked: a
@@ -84,10 +84,10 @@ pub fn run(recount: bool, current_sql: bool) -> i64 {
                     }
                 }
                 if let Some(due) = due {
-                    entry.lower_due(due);
+                    entry.dispatch.lower_due(due);
                 }
             }
-            entry.mark_known();
+            entry.dispatch.mark_known();
             // A sleeper while messages are claimable: someone missed a wake-up.
             if lowered || (any && s.waiters > 0) {
                 entry.wake(1);
@@ -141,7 +141,7 @@ fn _queue_depth() -> TableIterator<
         let (wakeups, corrections) = e.counters();
         (
             e.key().queue(),
-            e.hints().is_some(),
+            e.dispatch.hints().is_some(),
             depth.map(|d| d[0]),
             depth.map(|d| d[1]),
             depth.map(|d| d[2]),

@@ -67,8 +67,10 @@ pub fn sleep(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) ->
         return false;
     };
     let changed = || {
-        queue_state::with_lock(false, |table| table.entry(&key, false).is_none_or(|e| e.wake_seq() as i64 != seen))
-            .unwrap_or(true)
+        queue_state::with_lock(false, |table| {
+            table.entry(&key, false).is_none_or(|e| e.dispatch.wake_seq() as i64 != seen)
+        })
+        .unwrap_or(true)
     };
     let leave = |pass_on: bool| {
         // SAFETY: we are on cv's wait list, or were; cancelling is always allowed.
