@@ -28,21 +28,14 @@ pub struct Start {
 
 pub fn start(queue: &str) -> Start {
     let key = Key::new(queue);
+    let read = |e: &mut queue_state::Entry| {
+        let d = &e.dispatch;
+        (d.hints(), d.epoch(), d.wake_seq(), d.next_due())
+    };
     let state = key.and_then(|key| {
-        queue_state::with_lock(false, |table| {
-            table
-                .entry(&key, false)
-                .map(|e| (e.dispatch.hints(), e.dispatch.epoch(), e.dispatch.wake_seq(), e.dispatch.next_due()))
-        })
-        .flatten()
-        .or_else(|| {
-            queue_state::with_lock(true, |table| {
-                table
-                    .entry(&key, true)
-                    .map(|e| (e.dispatch.hints(), e.dispatch.epoch(), e.dispatch.wake_seq(), e.dispatch.next_due()))
-            })
+        queue_state::with_lock(false, |table| table.entry(&key, false).map(read))
             .flatten()
-        })
+            .or_else(|| queue_state::with_lock(true, |table| table.entry(&key, true).map(read)).flatten())
     });
     match state {
         None => Start { hints: None, epoch: None, seq: None, promote: true },

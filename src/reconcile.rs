@@ -25,12 +25,9 @@ struct Seen {
 /// Runs the check; returns how many hints were found too high (each a missed lowering).
 /// `current_sql`: the database runs this release's SQL (else there is nothing to check with).
 pub fn run(recount: bool, current_sql: bool) -> i64 {
-    let mut seen: Vec<Seen> = queue_state::this_database(|e| Seen {
-        key: e.key(),
-        priorities: e.dispatch.listed().0,
-        hints: e.dispatch.listed().1,
-        waiters: e.waiters(),
-        depth_known: e.depth().is_some(),
+    let mut seen: Vec<Seen> = queue_state::this_database(|e| {
+        let (priorities, hints) = e.dispatch.listed();
+        Seen { key: e.key(), priorities, hints, waiters: e.waiters(), depth_known: e.depth().is_some() }
     });
     if !current_sql || !queue_state::available() {
         return 0;
