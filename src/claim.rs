@@ -311,6 +311,7 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
     // the lease, now() + lease would hand out a lease that has already ended.
     // SAFETY: plain reads of the transaction's start time.
     let mut since = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    let mut woken = false;
     loop {
         let granted = ask.lease.unwrap_or(lease);
         // Read before the claim's snapshot: what it reports is what this attempt can see.
@@ -321,6 +322,9 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
             }
             let picked = pick(queue, &s, qty);
             if !picked.is_empty() {
+                if crate::dispatch::chains(woken, picked.len(), qty as usize) {
+                    crate::wait::chain(queue);
+                }
                 return claim_picked(queue, ask.consumer, &picked, since, granted, (bound_pid, bound_start), outer);
             }
         }
@@ -331,7 +335,7 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
         }
         // Nothing yet: sleep until a commit makes messages of this queue claimable (or the
         // queue is resumed), then try again; one last try at the deadline.
-        crate::wait::sleep(queue, s.seq, deadline);
+        woken = crate::wait::sleep(queue, s.seq, deadline, qty as u32);
         // SAFETY: reads the clock.
         since = unsafe { pg_sys::GetCurrentTimestamp() };
         (lease, paused) = queue_settings(ask.queue);

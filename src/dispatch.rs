@@ -243,5 +243,25 @@ impl Dispatch {
     }
 }
 
+/// How many sleeping claims a commit that makes `n` messages claimable signals: enough for
+/// the claims' sizes on average (the `waiters` asked for `asked` messages in all), at least
+/// one. Signalling one per message woke every sleeper for a batch, and all but the first
+/// few found nothing: a woken claim that gets all it asked for signals the next sleeper
+/// itself (`chains`), so fewer signals never leave a message unclaimed.
+pub fn signals(n: i64, waiters: u32, asked: u64) -> i64 {
+    if n <= 0 || waiters == 0 {
+        return 0;
+    }
+    let asked = i128::from(asked.max(u64::from(waiters)));
+    let wanted = (i128::from(n) * i128::from(waiters) + asked - 1) / asked;
+    wanted.clamp(1, i128::from(waiters)) as i64
+}
+
+/// Whether a claim that was woken by a signal and got `claimed` of the `qty` it asked for
+/// must signal the next sleeper: more may be claimable than its signal covered.
+pub fn chains(woken: bool, claimed: usize, qty: usize) -> bool {
+    woken && claimed >= qty
+}
+
 #[cfg(test)]
 mod tests;

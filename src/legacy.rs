@@ -87,5 +87,6 @@ fn _ahead(queue: &str, priority: i16, msg_id: i64) -> bool {
 /// `wait::sleep`, which 0.3.0's to 0.7.0's `pgq_claim` called through SQL.
 #[pg_extern(volatile, parallel_unsafe)]
 fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> bool {
-    wait::sleep(queue, seen, deadline)
+    // Its callers claim without chaining: one signal per message, as then.
+    wait::sleep(queue, seen, deadline, 1)
 }

@@ -89,6 +89,8 @@ pub struct Entry {
     cv: pg_sys::ConditionVariable,
     /// Sleepers on `cv`: an entry with sleepers is never removed (they hold its address).
     waiters: u32,
+    /// How many messages the sleepers asked for in all (`dispatch::signals`).
+    asked: u64,
     /// Where claims start (hints, epoch, in-order sends, next due time).
     pub dispatch: Dispatch,
     /// Approximate depth by state (see `State`); meaningful once `depth_known`. Commits
@@ -345,6 +347,7 @@ impl Locked {
             let entry = &mut *entry;
             pg_sys::ConditionVariableInit(&mut entry.cv);
             entry.waiters = 0;
+            entry.asked = 0;
             entry.wakeups = 0;
             entry.corrections = 0;
             (&raw mut entry.dispatch).write(Dispatch::default());
@@ -482,10 +485,10 @@ impl Entry {
         self.corrections += 1;
     }
 
-    /// Messages became claimable: wake up to `n` sleeping claims (each may take them).
+    /// `n` messages became claimable: wake enough sleeping claims for them.
     pub fn wake(&mut self, n: i64) {
         self.dispatch.announce();
-        let woken = n.min(i64::from(self.waiters));
+        let woken = crate::dispatch::signals(n, self.waiters, self.asked);
         for _ in 0..woken {
             // SAFETY: cv was initialised with the entry; signalling under our LWLock is allowed.
             unsafe { pg_sys::ConditionVariableSignal(&mut self.cv) };
@@ -512,13 +515,16 @@ impl Entry {
         }
     }
 
-    pub fn add_waiter(&mut self) -> *mut pg_sys::ConditionVariable {
+    /// A claim of `qty` messages sleeps.
+    pub fn add_waiter(&mut self, qty: u32) -> *mut pg_sys::ConditionVariable {
         self.waiters += 1;
+        self.asked += u64::from(qty);
         &mut self.cv
     }
 
-    pub fn remove_waiter(&mut self) {
+    pub fn remove_waiter(&mut self, qty: u32) {
         self.waiters = self.waiters.saturating_sub(1);
+        self.asked = self.asked.saturating_sub(u64::from(qty));
     }
 
     pub fn db(&self) -> pg_sys::Oid {

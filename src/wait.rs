@@ -1,6 +1,7 @@
 //! Waiting claims: `pgq_claim(…, wait => …)` sleeps here between two attempts, on its
 //! queue's condition variable, until a commit makes messages of that queue claimable (it
-//! bumps the queue's wake-up count and signals one sleeper per message), or until the
+//! bumps the queue's wake-up count and signals enough sleepers for those messages by the
+//! qty each asked for; one that then gets all it asked for signals the next), or until the
 //! deadline. No polling: a sleeper wakes only when signalled, or to pass on a signal it
 //! cannot use. Without shared memory it sleeps in short steps instead.
 
@@ -11,18 +12,18 @@ use pgrx::prelude::*;
 use std::cell::Cell;
 
 thread_local! {
-    /// The queue this process sleeps on, for `on_exit`.
-    static SLEEPING: Cell<Option<Key>> = const { Cell::new(None) };
+    /// The queue this process sleeps on and the qty it sleeps for, for `on_exit`.
+    static SLEEPING: Cell<Option<(Key, u32)>> = const { Cell::new(None) };
     static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Leaves the sleepers of the queue we sleep on, handing on a wake-up we may have received
 /// and cannot use (an error or a termination ended the wait).
 fn stop_sleeping(pass_on: bool) {
-    let Some(key) = SLEEPING.take() else { return };
+    let Some((key, qty)) = SLEEPING.take() else { return };
     queue_state::with_lock(true, |table| {
         if let Some(entry) = table.entry(&key, false) {
-            entry.remove_waiter();
+            entry.remove_waiter(qty);
             if pass_on {
                 entry.pass_on();
             }
@@ -41,9 +42,10 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
 const FALLBACK_STEP_MS: i64 = 50;
 
 /// Sleeps until `queue`'s wake-up count differs from `seen` (returns true) or until
-/// `deadline` (false). Interrupts (cancel, statement_timeout, termination) end it with the
+/// `deadline` (false), as a claim of `qty` messages (a commit signals sleepers for the
+/// messages it made claimable by their qty; `chain` signals one more). Interrupts (cancel, statement_timeout, termination) end it with the
 /// usual error; postmaster death ends the process. (Also `legacy::_wait`.)
-pub fn sleep(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> bool {
+pub fn sleep(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone, qty: u32) -> bool {
     let deadline = pg_sys::TimestampTz::from(deadline);
     let key = Key::new(queue);
     // Take a place among the sleepers: the entry cannot be removed while we are one.
@@ -55,8 +57,8 @@ pub fn sleep(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) ->
     let cv = match (key, seen) {
         (Some(key), Some(_)) => queue_state::with_lock(true, |table| {
             table.entry(&key, true).map(|e| {
-                SLEEPING.set(Some(key));
-                e.add_waiter()
+                SLEEPING.set(Some((key, qty)));
+                e.add_waiter(qty)
             })
         })
         .flatten(),
@@ -104,6 +106,17 @@ pub fn sleep(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) ->
         error.rethrow()
     })
     .execute()
+}
+
+/// A claim woken by a signal got all it asked for: more may be claimable than the signals
+/// covered, so the next sleeper looks too (`dispatch::chains`).
+pub fn chain(queue: &str) {
+    let Some(key) = Key::new(queue) else { return };
+    queue_state::with_lock(true, |table| {
+        if let Some(entry) = table.entry(&key, false) {
+            entry.pass_on();
+        }
+    });
 }
 
 fn remaining_ms(deadline: pg_sys::TimestampTz) -> i64 {

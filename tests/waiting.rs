@@ -390,6 +390,85 @@ fn one_send_wakes_one_of_64_waiting_claims() {
     }
 }
 
+/// Sleepers are signalled by their claims' sizes, and a woken claim that gets all it asked
+/// for signals the next (a server of its own, as above). 8 claims of 10 sleep: a batch of 40
+/// signals 4 (wakeups +4), which return with 10 each; those they signal find nothing and
+/// sleep on (4 still asleep). Then 3 claims of 1 and one of 9 sleep, in that order: a batch
+/// of 4 signals 2 (4 × 4 / 12, rounded up), the two longest sleepers, of 1 each; each then
+/// signals the next, so all four return at once with one message each, none left to its
+/// deadline. 0.14.0 signalled one sleeper per message: 40 and 4.
+#[test]
+fn sleepers_are_signalled_by_qty_and_pass_the_rest_on() {
+    let _installed = connect();
+    let conf = ["shared_preload_libraries = 'pgqueue'", "pgqueue.enabled = off", "max_connections = 40"];
+    let server = Server::init(&bindir(this_major()), &conf);
+    server.start();
+    let mut c = server.connect("postgres");
+    c.batch_execute("CREATE EXTENSION pgqueue; SELECT pgqueue.pgq_create_queue('sized')").unwrap();
+    let (tx, rx) = mpsc::channel();
+    let mut threads = vec![];
+    // A claim of `qty` sleeps, the `n`th: the queue's wakeups then.
+    let mut sleep = |c: &mut Client, qty: i32, n: i64| {
+        let waiter = waiting_claim(server.connect("postgres"), "sized", qty, "50 s");
+        let tx = tx.clone();
+        threads.push(thread::spawn(move || tx.send(waiter.join().unwrap()).unwrap()));
+        until_waiting(c, "sized", n)
+    };
+    let mut before = 0;
+    for n in 1..=8 {
+        before = sleep(&mut c, 10, n);
+    }
+    let batch = |c: &mut Client, n: i32| -> BTreeSet<i64> {
+        c.query("SELECT pgqueue.pgq_send_batch('sized', array_fill('{}'::jsonb, ARRAY[$1::int]))", &[&n])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    let sent = batch(&mut c, 40);
+    let mut got = BTreeSet::new();
+    for _ in 0..4 {
+        let out = rx.recv_timeout(WOKEN).expect("four waiters return");
+        assert_eq!(out.ids().len(), 10, "each got all it asked for");
+        assert!(out.elapsed < WOKEN);
+        got.extend(out.ids());
+    }
+    assert_eq!(got, sent, "the four got the batch");
+    until_waiting(&mut c, "sized", 4);
+    assert!(rx.recv_timeout(Duration::from_millis(500)).is_err(), "a fifth waiter returned");
+    assert_eq!(depth(&mut c, "sized"), (4, before + 4), "four signals for 40 messages to claims of 10");
+
+    // The four left have nothing to claim; end them (they time out at 50 s otherwise).
+    c.batch_execute(
+        "SELECT pg_catalog.pg_cancel_backend(pid) FROM pg_catalog.pg_stat_activity
+          WHERE query LIKE '%pgq_claim%' AND pid <> pg_catalog.pg_backend_pid()",
+    )
+    .unwrap();
+    for _ in 0..4 {
+        let out = rx.recv_timeout(WOKEN).expect("the cancelled waiters return");
+        assert!(out.claimed.is_err(), "cancelled");
+    }
+    until_waiting(&mut c, "sized", 0);
+
+    for n in 1..=3 {
+        sleep(&mut c, 1, n);
+    }
+    let before = sleep(&mut c, 9, 4);
+    let sent = batch(&mut c, 4);
+    let mut got = BTreeSet::new();
+    for _ in 0..4 {
+        let out = rx.recv_timeout(WOKEN).expect("every waiter returns, none at its deadline");
+        assert_eq!(out.ids().len(), 1, "one message each");
+        assert!(out.elapsed < WOKEN);
+        got.extend(out.ids());
+    }
+    assert_eq!(got, sent);
+    assert_eq!(depth(&mut c, "sized"), (0, before + 2), "two signals; the rest were passed on");
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 6, 7. Errors; a dropped queue.
 
