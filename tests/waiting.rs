@@ -335,6 +335,20 @@ fn pg_terminate_backend_ends_a_waiting_claim() {
 // ---------------------------------------------------------------------------------------
 // 5. No thundering herd.
 
+/// A server of its own, preloading pgqueue with its worker off (its check could add a
+/// wake-up), with `queue` created; and a session on it.
+fn server_with_queue(queue: &str, max_connections: u32) -> (Server, Client) {
+    let _installed = connect();
+    let connections = format!("max_connections = {max_connections}");
+    let conf = ["shared_preload_libraries = 'pgqueue'", "pgqueue.enabled = off", connections.as_str()];
+    let server = Server::init(&bindir(this_major()), &conf);
+    server.start();
+    let mut c = server.connect("postgres");
+    c.batch_execute("CREATE EXTENSION pgqueue").unwrap();
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&queue]).unwrap();
+    (server, c)
+}
+
 /// 64 sleepers on one queue (a server of its own: 64 connections would crowd the shared
 /// cluster's max_connections, and its worker's check, which wakes one sleeper when it sees
 /// claimable messages while claims sleep, could add a wake-up between the send and the
@@ -343,12 +357,7 @@ fn pg_terminate_backend_ends_a_waiting_claim() {
 /// one message each (wakeups +63).
 #[test]
 fn one_send_wakes_one_of_64_waiting_claims() {
-    let _installed = connect();
-    let conf = ["shared_preload_libraries = 'pgqueue'", "pgqueue.enabled = off", "max_connections = 100"];
-    let server = Server::init(&bindir(this_major()), &conf);
-    server.start();
-    let mut c = server.connect("postgres");
-    c.batch_execute("CREATE EXTENSION pgqueue; SELECT pgqueue.pgq_create_queue('herd')").unwrap();
+    let (server, mut c) = server_with_queue("herd", 100);
     let (tx, rx) = mpsc::channel();
     let mut threads = vec![];
     for _ in 0..64 {
@@ -390,6 +399,31 @@ fn one_send_wakes_one_of_64_waiting_claims() {
     }
 }
 
+/// Waiters of `waiting` return until `sent` is all claimed, each long before its deadline; the
+/// rest, with nothing left to claim, are cancelled and return holding nothing (cancelling
+/// counts no wake-up). Returns how many claimed.
+fn claimed_at_once(rx: &mpsc::Receiver<Outcome>, c: &mut Client, sent: &BTreeSet<i64>, waiting: usize) -> usize {
+    let mut got = BTreeSet::new();
+    let mut returned = 0;
+    while got.len() < sent.len() {
+        let out = rx.recv_timeout(WOKEN).expect("the messages are claimed, none left to a deadline");
+        assert!(out.elapsed < WOKEN);
+        got.extend(out.ids());
+        returned += 1;
+    }
+    assert_eq!(&got, sent, "the waiters got what was sent");
+    c.batch_execute(
+        "SELECT pg_catalog.pg_cancel_backend(pid) FROM pg_catalog.pg_stat_activity
+          WHERE state = 'active' AND query LIKE '%pgq_claim%' AND pid <> pg_catalog.pg_backend_pid()",
+    )
+    .unwrap();
+    for _ in returned..waiting {
+        let out = rx.recv_timeout(WOKEN).expect("the cancelled waiters return");
+        assert!(out.claimed.is_err(), "cancelled, holding nothing");
+    }
+    returned
+}
+
 /// Sleepers are signalled by their claims' sizes, and a woken claim that gets all it asked
 /// for signals the next (a server of its own, as above). 8 claims of 10 sleep: a batch of 40
 /// signals 4 (wakeups +4), which claim it at once; those they pass the signal on to find
@@ -398,12 +432,7 @@ fn one_send_wakes_one_of_64_waiting_claims() {
 /// signals the next, so the four messages are claimed at once, none left to a deadline. 0.14.0 signalled one sleeper per message: 40 and 4.
 #[test]
 fn sleepers_are_signalled_by_qty_and_pass_the_rest_on() {
-    let _installed = connect();
-    let conf = ["shared_preload_libraries = 'pgqueue'", "pgqueue.enabled = off", "max_connections = 40"];
-    let server = Server::init(&bindir(this_major()), &conf);
-    server.start();
-    let mut c = server.connect("postgres");
-    c.batch_execute("CREATE EXTENSION pgqueue; SELECT pgqueue.pgq_create_queue('sized')").unwrap();
+    let (server, mut c) = server_with_queue("sized", 40);
     let (tx, rx) = mpsc::channel();
     let mut threads = vec![];
     // A claim of `qty` sleeps, the `n`th: the queue's wakeups then.
@@ -425,28 +454,10 @@ fn sleepers_are_signalled_by_qty_and_pass_the_rest_on() {
             .collect()
     };
     let sent = batch(&mut c, 40);
-    let mut got = BTreeSet::new();
-    let mut returned = 0;
-    while got.len() < sent.len() {
-        let out = rx.recv_timeout(WOKEN).expect("the batch is claimed, none left to a deadline");
-        assert!(out.elapsed < WOKEN);
-        got.extend(out.ids());
-        returned += 1;
-    }
-    assert_eq!(got, sent, "the waiters got the batch");
+    let returned = claimed_at_once(&rx, &mut c, &sent, 8);
     assert_eq!(depth(&mut c, "sized").1, before + 4, "four signals for 40 messages to claims of 10");
     // The four signalled return with 10 each, unless one they passed the signal on to ran first.
     assert!(returned >= 4, "{returned} waiters returned");
-    // Those left have nothing to claim; end them (they time out at 50 s otherwise).
-    c.batch_execute(
-        "SELECT pg_catalog.pg_cancel_backend(pid) FROM pg_catalog.pg_stat_activity
-          WHERE state = 'active' AND query LIKE '%pgq_claim%' AND pid <> pg_catalog.pg_backend_pid()",
-    )
-    .unwrap();
-    for _ in returned..8 {
-        let out = rx.recv_timeout(WOKEN).expect("the cancelled waiters return");
-        assert!(out.claimed.is_err(), "cancelled, holding nothing");
-    }
     until_waiting(&mut c, "sized", 0);
 
     for n in 1..=3 {
@@ -454,26 +465,9 @@ fn sleepers_are_signalled_by_qty_and_pass_the_rest_on() {
     }
     let before = sleep(&mut c, 9, 4);
     let sent = batch(&mut c, 4);
-    let mut got = BTreeSet::new();
-    let mut returned = 0;
-    while got.len() < sent.len() {
-        let out = rx.recv_timeout(WOKEN).expect("the four messages are claimed, none left to a deadline");
-        assert!(out.elapsed < WOKEN);
-        got.extend(out.ids());
-        returned += 1;
-    }
-    assert_eq!(got, sent);
-    assert_eq!(depth(&mut c, "sized").1, before + 2, "two signals; the rest were passed on");
+    claimed_at_once(&rx, &mut c, &sent, 4);
     // (Which claims got them depends on who ran first: the claim of 9 may take two.)
-    c.batch_execute(
-        "SELECT pg_catalog.pg_cancel_backend(pid) FROM pg_catalog.pg_stat_activity
-          WHERE state = 'active' AND query LIKE '%pgq_claim%' AND pid <> pg_catalog.pg_backend_pid()",
-    )
-    .unwrap();
-    for _ in returned..4 {
-        let out = rx.recv_timeout(WOKEN).expect("the cancelled waiters return");
-        assert!(out.claimed.is_err(), "cancelled, holding nothing");
-    }
+    assert_eq!(depth(&mut c, "sized").1, before + 2, "two signals; the rest were passed on");
     for t in threads {
         t.join().unwrap();
     }
