@@ -43,8 +43,9 @@ const FALLBACK_STEP_MS: i64 = 50;
 
 /// Sleeps until `queue`'s wake-up count differs from `seen` (returns true) or until
 /// `deadline` (false), as a claim of `qty` messages (a commit signals sleepers for the
-/// messages it made claimable by their qty; `chain` signals one more). Interrupts (cancel, statement_timeout, termination) end it with the
-/// usual error; postmaster death ends the process. (Also `legacy::_wait`.)
+/// messages it made claimable by their qty; `chain` signals one more). Interrupts (cancel,
+/// statement_timeout, termination) end it with the usual error; postmaster death ends the
+/// process. (Also `legacy::_wait`.)
 pub fn sleep(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone, qty: u32) -> bool {
     let deadline = pg_sys::TimestampTz::from(deadline);
     let key = Key::new(queue);
