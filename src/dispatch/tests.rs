@@ -518,11 +518,8 @@ impl World {
         {
             // Interrupted in its sleep: hands on a signal it may have had.
             self.sleepers.retain(|&s| s != t);
-            if callbacks && let Some(&next) = self.sleepers.first() {
-                self.sleepers.remove(0);
-                if let Some(Tx { kind: Kind::Claim(c), .. }) = self.txs[next].as_mut() {
-                    c.signalled = true;
-                }
+            if callbacks && !self.sleepers.is_empty() {
+                self.signal_first();
             }
         }
         for id in 0..self.rows.len() as i64 {
