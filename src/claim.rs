@@ -24,13 +24,15 @@ pub struct Start {
     pub epoch: Option<i64>,
     pub seq: Option<i64>,
     pub promote: bool,
+    /// No tick has checked the queue's hints yet (see `reconcile::check_unchecked`).
+    pub unchecked: bool,
 }
 
 pub fn start(queue: &str) -> Start {
     let key = Key::new(queue);
     let read = |e: &mut queue_state::Entry| {
         let d = &e.dispatch;
-        (d.hints(), d.epoch(), d.wake_seq(), d.next_due())
+        (d.hints(), d.epoch(), d.wake_seq(), d.next_due(), !d.is_known())
     };
     let state = key.and_then(|key| {
         queue_state::with_lock(false, |table| table.entry(&key, false).map(read))
@@ -38,17 +40,18 @@ pub fn start(queue: &str) -> Start {
             .or_else(|| queue_state::with_lock(true, |table| table.entry(&key, true).map(read)).flatten())
     });
     match state {
-        None => Start { hints: None, epoch: None, seq: None, promote: true },
-        Some((hints, epoch, seq, next_due)) => {
+        None => Start { hints: None, epoch: None, seq: None, promote: true, unchecked: false },
+        Some((hints, epoch, seq, next_due, unchecked)) => {
             // SAFETY: a plain read; now() in SQL is this same timestamp.
             let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
             let hints = hints.map(|(priorities, starts)| priorities.into_iter().zip(starts).collect());
             // Messages this transaction itself sent (or made claimable) are below no hint
             // yet: scan from the start, and raise nothing.
             if key.is_some_and(|key| pending::makes_ready_uncommitted(&key)) {
-                Start { hints: None, epoch: None, seq: Some(seq as i64), promote: now >= next_due }
+                Start { hints: None, epoch: None, seq: Some(seq as i64), promote: now >= next_due, unchecked: false }
             } else {
-                Start { hints, epoch: Some(epoch as i64), seq: Some(seq as i64), promote: now >= next_due }
+                let (epoch, seq) = (Some(epoch as i64), Some(seq as i64));
+                Start { hints, epoch, seq, promote: now >= next_due, unchecked }
             }
         }
     }
@@ -316,6 +319,11 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
         let granted = ask.lease.unwrap_or(lease);
         // Read before the claim's snapshot: what it reports is what this attempt can see.
         let mut s = start(queue);
+        // A check must see every commit so far: not with the transaction's one snapshot.
+        if s.unchecked && snapshot_per_statement() {
+            crate::reconcile::check_unchecked(queue);
+            s = start(queue);
+        }
         if !paused {
             if s.promote && PROMOTE.run(&[queue.into_datum()]).get::<i64>(0, 1).unwrap_or(0) > 0 {
                 s = start(queue);

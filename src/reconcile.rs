@@ -51,51 +51,126 @@ pub fn run(recount: bool, current_sql: bool) -> i64 {
         });
     }
     let mut corrections = 0;
+    let previous = BUSY_BELOW.take();
+    let mut busy_below = vec![];
     for s in seen {
         let queue = s.key.queue();
         if !queues.contains(&queue) {
             queue_state::with_lock(true, |table| table.remove(&s.key));
             continue;
         }
-        let found = claimable(&queue, &s.priorities);
-        queue_state::with_lock(true, |table| {
-            let Some(entry) = table.entry(&s.key, false) else { return };
-            let known = entry.dispatch.is_known();
-            let mut lowered = false;
-            let mut any = false;
-            for &(priority, msg_id, due, busy) in &found {
-                if let (Some(priority), Some(msg_id)) = (priority, msg_id) {
-                    any = true;
-                    if entry.dispatch.is_below(priority, msg_id) {
-                        entry.dispatch.lower(priority, msg_id);
-                        lowered = true;
-                        // A correction (a missed lowering) only if the hint was above it
-                        // before the check's snapshot and nobody had the message locked: a
-                        // claim under way raises the hint past what it takes before it
-                        // commits, and a rollback lowers it right after.
-                        let before = s.priorities.iter().position(|&p| p == priority).map(|i| s.hints[i]);
-                        if known && !busy && before.is_some_and(|h| h > msg_id) {
-                            entry.add_correction();
-                            corrections += 1;
-                        }
-                    }
-                }
-                if let Some(due) = due {
-                    entry.dispatch.lower_due(due);
-                }
-            }
-            entry.dispatch.mark_known();
-            // A sleeper while messages are claimable: someone missed a wake-up.
-            if lowered || (any && s.waiters > 0) {
-                entry.wake(1);
-            }
-        });
+        corrections += check(&s, &previous, &mut busy_below);
         if recount || !s.depth_known {
             let depths = [State::Ready, State::Delayed, State::Claimed];
             recount::recount(&queue, "SELECT ready, delayed, claimed FROM pgqueue._depth($1)", &depths);
         }
     }
+    BUSY_BELOW.set(busy_below);
     corrections
+}
+
+/// Checks one queue's hints against the table; returns the corrections (missed lowerings).
+/// `previous`: the busy messages the last check found below their hints; those it finds now
+/// are added to `busy_below`.
+fn check(s: &Seen, previous: &[(Key, i16, i64)], busy_below: &mut Vec<(Key, i16, i64)>) -> i64 {
+    let queue = s.key.queue();
+    let mut corrections = 0;
+    let mut found = claimable(&queue, &s.priorities);
+    // A busy message (locked or changed by a transaction the check's snapshot cannot see the
+    // end of) is most often one a claim under way is taking: that claim raised the hint past
+    // it, and its rollback would lower it again. Lowering to it would move the epoch at every
+    // tick under load, and the claims under way would then be handed rows without raising the
+    // hint: several are handed the same rows and collide on their locks, and one that locks a
+    // row another has just claimed keeps that lock while the row's owner waits to ack it. So a
+    // busy message below its hint is lowered to only if the next check finds it again (a
+    // prepared transaction, a lock taken around the API); meanwhile the first free one after
+    // it is. An untracked priority is added at once: claims that use the hints walk only the
+    // priorities listed.
+    let mut deferred = vec![];
+    for (priority, msg_id, _, busy) in found.clone() {
+        let (Some(priority), Some(msg_id), true) = (priority, msg_id, busy) else { continue };
+        let Some(hint) = s.priorities.iter().position(|&p| p == priority).map(|i| s.hints[i]) else { continue };
+        if hint <= msg_id {
+            continue;
+        }
+        busy_below.push((s.key, priority, msg_id));
+        if !previous.contains(&(s.key, priority, msg_id)) {
+            deferred.push((priority, msg_id));
+            if let Some(free) = first_free(&queue, priority, msg_id, hint) {
+                found.push((Some(priority), Some(free), None, false));
+            }
+        }
+    }
+    queue_state::with_lock(true, |table| {
+        let Some(entry) = table.entry(&s.key, false) else { return };
+        let known = entry.dispatch.is_known();
+        let mut lowered = false;
+        let mut any = false;
+        for &(priority, msg_id, due, busy) in &found {
+            if let (Some(priority), Some(msg_id)) = (priority, msg_id) {
+                any = true;
+                let later = deferred.contains(&(priority, msg_id)) && entry.dispatch.tracks(priority);
+                if entry.dispatch.is_below(priority, msg_id) && !later {
+                    entry.dispatch.lower(priority, msg_id);
+                    lowered = true;
+                    // A correction (a missed lowering) only if the hint was above it
+                    // before the check's snapshot and nobody had the message locked: a
+                    // claim under way raises the hint past what it takes before it
+                    // commits, and a rollback lowers it right after.
+                    let before = s.priorities.iter().position(|&p| p == priority).map(|i| s.hints[i]);
+                    if known && !busy && before.is_some_and(|h| h > msg_id) {
+                        entry.add_correction();
+                        corrections += 1;
+                    }
+                }
+            }
+            if let Some(due) = due {
+                entry.dispatch.lower_due(due);
+            }
+        }
+        entry.dispatch.mark_known();
+        // A sleeper while messages are claimable: someone missed a wake-up.
+        if lowered || (any && s.waiters > 0) {
+            entry.wake(1);
+        }
+    });
+    corrections
+}
+
+/// A claim found `queue`'s hints not checked yet (the server has just started, or the queue
+/// was created, and no tick has checked them since; right after CREATE EXTENSION the
+/// database's worker comes only within pgqueue.launcher_naptime): it checks them itself
+/// rather than scan from the start of the queue, and so do the claims after it. Only with
+/// this library's SQL (every release whose SQL calls pgq_claim has `_claimable`).
+pub fn check_unchecked(queue: &str) {
+    let Some(key) = Key::new(queue) else { return };
+    let seen = queue_state::with_lock(false, |table| {
+        table.entry(&key, false).filter(|e| !e.dispatch.is_known()).map(|e| {
+            let (priorities, hints) = e.dispatch.listed();
+            Seen { key, priorities, hints, waiters: e.waiters(), depth_known: true }
+        })
+    });
+    if let Some(Some(s)) = seen {
+        check(&s, &[], &mut vec![]);
+    }
+}
+
+thread_local! {
+    /// The busy messages the last check in this process found below their hints.
+    static BUSY_BELOW: std::cell::RefCell<Vec<(Key, i16, i64)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The first ready message of `queue`'s `priority` after `after` and below `hint` that no
+/// transaction has locked or changed.
+fn first_free(queue: &str, priority: i16, after: i64, hint: i64) -> Option<i64> {
+    Spi::get_one_with_args::<i64>(
+        "SELECT (SELECT m.msg_id FROM pgqueue.messages m
+                  WHERE m.queue = $1 AND m.state = 'ready' AND m.priority >= $2 AND m.priority <= $2
+                    AND m.msg_id > $3 AND m.msg_id < $4 AND m.xmax = '0'
+                  ORDER BY m.priority DESC, m.msg_id LIMIT 1)",
+        &[queue.into(), priority.into(), after.into(), hint.into()],
+    )
+    .unwrap_or_else(|e| error!("{e}"))
 }
 
 /// (priority, lowest claimable msg_id, -, busy) per priority, and (-, -, earliest due time, -).

@@ -548,6 +548,28 @@ fn without_preloading_everything_works_and_waiting_claims_poll() {
     assert!(out.elapsed < Duration::from_secs(20), "and got it by polling: {:?}", out.elapsed);
 }
 
+/// With the worker off nothing ticks: the first claim of a new queue checks its hints itself
+/// (rather than every claim scanning from the start of the queue until a worker comes: right
+/// after CREATE EXTENSION, pgqueue.launcher_naptime), and the claims after it start from them.
+/// A claim whose transaction keeps one snapshot does not check: it may not see every commit.
+#[test]
+fn a_claim_checks_the_hints_that_no_tick_has_checked() {
+    let (server, mut c) = server_with_queue("fresh", 20);
+    let ids = common::send_many(&mut c, "fresh", 5, "0");
+    assert!(!tracked(&mut c, "fresh"), "no tick has checked the new queue");
+    let claimed = |rows: Vec<postgres::Row>| rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>();
+
+    let mut rr = server.connect("postgres");
+    let mut tx = rr.build_transaction().isolation_level(postgres::IsolationLevel::RepeatableRead).start().unwrap();
+    assert_eq!(claimed(tx.query("SELECT msg_id FROM pgqueue.pgq_claim('fresh')", &[]).unwrap()), ids[..1]);
+    tx.rollback().unwrap();
+    assert!(!tracked(&mut c, "fresh"), "a claim with its transaction's one snapshot does not check");
+
+    assert_eq!(claimed(c.query("SELECT msg_id FROM pgqueue.pgq_claim('fresh', 2)", &[]).unwrap()), ids[..2]);
+    assert!(tracked(&mut c, "fresh"), "the claim checked the queue's hints");
+    assert_eq!(claimed(c.query("SELECT msg_id FROM pgqueue.pgq_claim('fresh', 10)", &[]).unwrap()), ids[2..]);
+}
+
 #[test]
 fn a_restart_loses_the_shared_state_but_no_message() {
     let _installed = connect();

@@ -57,10 +57,14 @@ enum Kind {
         raised: bool,
     },
     Claim(Claim),
-    /// The tick's check: what its snapshot found, per priority, and the earliest due time.
+    /// The tick's check: what its snapshot found, per priority, and the earliest due time;
+    /// of those, the busy ones below their hints (held by a claim under way), and which of
+    /// those it leaves for the next check (reconcile.rs).
     Check {
         lowest: Vec<(i16, i64)>,
         due: Option<i64>,
+        busy_below: Vec<(i16, i64)>,
+        deferred: Vec<(i16, i64)>,
     },
 }
 
@@ -102,6 +106,8 @@ struct World {
     /// Sleeping claims not signalled yet, in the order they went to sleep (a condition
     /// variable signals the longest sleeper).
     sleepers: Vec<usize>,
+    /// What the last check found busy below its hint: lowered to if the next finds it again.
+    busy_below: Vec<(i16, i64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -156,7 +162,7 @@ fn op(prios: i16) -> impl Strategy<Value = Op> {
 
 impl World {
     fn new() -> World {
-        World { d: Dispatch::default(), rows: vec![], txs: vec![], now: 0, sleepers: vec![] }
+        World { d: Dispatch::default(), rows: vec![], txs: vec![], now: 0, sleepers: vec![], busy_below: vec![] }
     }
 
     fn open(&mut self, kind: Kind, rows: Vec<i64>) -> usize {
@@ -247,8 +253,26 @@ impl World {
                         lowest.push((p, id));
                     }
                 }
+                let (prios, hints) = self.d.listed();
+                let (mut busy_below, mut deferred) = (vec![], vec![]);
+                for (p, id) in lowest.clone() {
+                    let Some(hint) = prios.iter().position(|&q| q == p).map(|i| hints[i]) else { continue };
+                    if self.rows[id as usize].holder.is_none() || hint <= id {
+                        continue;
+                    }
+                    busy_below.push((p, id));
+                    if !self.busy_below.contains(&(p, id)) {
+                        deferred.push((p, id));
+                        // Instead, the first free one after it, below the hint.
+                        let free = self
+                            .ready(Some(p), id + 1)
+                            .into_iter()
+                            .find(|&f| f < hint && self.rows[f as usize].holder.is_none());
+                        lowest.extend(free.map(|f| (p, f)));
+                    }
+                }
                 let due = self.rows.iter().filter_map(|r| if let St::Delayed(d) = r.st { Some(d) } else { None }).min();
-                self.open(Kind::Check { lowest, due }, vec![]);
+                self.open(Kind::Check { lowest, due, busy_below, deferred }, vec![]);
             }
             Op::Advance { pick } => {
                 let open = self.open_txs();
@@ -280,6 +304,8 @@ impl World {
                 self.rows.iter_mut().for_each(|r| r.applied = true);
                 self.d = Dispatch::default();
                 self.sleepers.clear();
+                // The worker restarts with the server: what its last check deferred is gone.
+                self.busy_below.clear();
             }
             Op::Solo { qty } => self.solo(qty),
         }
@@ -332,10 +358,12 @@ impl World {
                 }
                 return;
             }
-            (Kind::Check { lowest, due }, _) => {
+            (Kind::Check { lowest, due, busy_below, deferred }, _) => {
                 let mut lowered = false;
+                self.busy_below = busy_below.clone();
                 for &(p, id) in lowest.iter() {
-                    if self.d.is_below(p, id) {
+                    let later = deferred.contains(&(p, id)) && self.d.tracks(p);
+                    if self.d.is_below(p, id) && !later {
                         self.d.lower(p, id);
                         lowered = true;
                     }
