@@ -762,7 +762,8 @@ fn a_dropped_queue_fails_only_its_own_schedule() {
     assert!(error.contains(&format!("queue \"{a}\" does not exist")), "{error}");
     assert_eq!(record(&mut c, &on_a).runs, 0);
     let after: Vec<i64> = counters.iter().map(|col| worker_stat(&mut c, col)).collect();
-    assert_eq!(after[1..], before[1..], "{counters:?}: no tick or step failed because of it");
+    let last: Option<String> = c.query_one("SELECT last_error FROM pgqueue.worker_stats", &[]).unwrap().get(0);
+    assert_eq!(after[1..], before[1..], "{counters:?}: no tick or step failed because of it (last error: {last:?})");
 }
 
 /// A failing schedule's warning is logged once per error in a row: not again while it fails
