@@ -22,13 +22,23 @@ struct Seen {
     depth_known: bool,
 }
 
+impl Seen {
+    /// The entry as the check starts from it (read before the check's snapshot).
+    fn of(e: &queue_state::Entry) -> Seen {
+        let (priorities, hints) = e.dispatch.listed();
+        Seen { key: e.key(), priorities, hints, waiters: e.waiters(), depth_known: e.depth().is_some() }
+    }
+
+    /// `priority`'s hint when the check started (None: not tracked then).
+    fn hint(&self, priority: i16) -> Option<i64> {
+        self.priorities.iter().position(|&p| p == priority).map(|i| self.hints[i])
+    }
+}
+
 /// Runs the check; returns how many hints were found too high (each a missed lowering).
 /// `current_sql`: the database runs this release's SQL (else there is nothing to check with).
 pub fn run(recount: bool, current_sql: bool) -> i64 {
-    let mut seen: Vec<Seen> = queue_state::this_database(|e| {
-        let (priorities, hints) = e.dispatch.listed();
-        Seen { key: e.key(), priorities, hints, waiters: e.waiters(), depth_known: e.depth().is_some() }
-    });
+    let mut seen: Vec<Seen> = queue_state::this_database(Seen::of);
     if !current_sql || !queue_state::available() {
         return 0;
     }
@@ -89,7 +99,7 @@ fn check(s: &Seen, previous: &[(Key, i16, i64)], busy_below: &mut Vec<(Key, i16,
     let mut deferred = vec![];
     for (priority, msg_id, _, busy) in found.clone() {
         let (Some(priority), Some(msg_id), true) = (priority, msg_id, busy) else { continue };
-        let Some(hint) = s.priorities.iter().position(|&p| p == priority).map(|i| s.hints[i]) else { continue };
+        let Some(hint) = s.hint(priority) else { continue };
         if hint <= msg_id {
             continue;
         }
@@ -117,8 +127,7 @@ fn check(s: &Seen, previous: &[(Key, i16, i64)], busy_below: &mut Vec<(Key, i16,
                     // before the check's snapshot and nobody had the message locked: a
                     // claim under way raises the hint past what it takes before it
                     // commits, and a rollback lowers it right after.
-                    let before = s.priorities.iter().position(|&p| p == priority).map(|i| s.hints[i]);
-                    if known && !busy && before.is_some_and(|h| h > msg_id) {
+                    if known && !busy && s.hint(priority).is_some_and(|h| h > msg_id) {
                         entry.add_correction();
                         corrections += 1;
                     }
@@ -145,10 +154,7 @@ fn check(s: &Seen, previous: &[(Key, i16, i64)], busy_below: &mut Vec<(Key, i16,
 pub fn check_unchecked(queue: &str) {
     let Some(key) = Key::new(queue) else { return };
     let seen = queue_state::with_lock(false, |table| {
-        table.entry(&key, false).filter(|e| !e.dispatch.is_known()).map(|e| {
-            let (priorities, hints) = e.dispatch.listed();
-            Seen { key, priorities, hints, waiters: e.waiters(), depth_known: true }
-        })
+        table.entry(&key, false).filter(|e| !e.dispatch.is_known()).map(|e| Seen::of(e))
     });
     if let Some(Some(s)) = seen {
         check(&s, &[], &mut vec![]);
