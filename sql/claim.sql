@@ -105,8 +105,8 @@ SET enable_indexscan = on SET enable_bitmapscan = off SET enable_sort = off SET 
 AS 'MODULE_PATHNAME', 'pgq_ack_claim_wrapper';
 
 -- Extends the leases of the claims still held; returns the ids whose lease was extended.
--- An id missing from the result has lost its claim (re-armed, re-claimed, finished, or
--- never existed): its holder must stop working on it.
+-- An id missing from the result has lost its claim (re-armed, re-claimed, finished, its
+-- cancel requested, or never existed): its holder must stop working on it.
 -- With a queue (the last argument, as for pgq_ack): the queue must exist, and only its
 -- messages are renewed.
 CREATE FUNCTION pgqueue.pgq_renew(msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL,
@@ -128,6 +128,7 @@ BEGIN
            SET lease_expires_at = now() + coalesce(lease, q.lease)
           FROM unnest(msg_ids, claim_tokens) AS held(id, token), pgqueue.queues q
          WHERE m.msg_id = held.id AND m.claim_token = held.token AND m.state = 'claimed'
+           AND m.cancel_requested_at IS NULL
            AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
         RETURNING m.msg_id, m.lease_expires_at
     ), noted AS (

@@ -30,6 +30,12 @@ COMMENT ON FUNCTION pgqueue.pgq_nack(bigint, uuid, interval, text, text) IS
     'give a claimed message (of queue, if given) back for a retry later, or dead-letter it on its last attempt';
 COMMENT ON FUNCTION pgqueue.pgq_fail(bigint, uuid, text, text) IS
     'dead-letter a claimed message (of queue, if given) now';
+COMMENT ON FUNCTION pgqueue.pgq_cancel(bigint[], text, text) IS
+    'cancel messages: waiting ones at once, claimed ones when their holder stops; returns the ids cancelled or marked';
+COMMENT ON FUNCTION pgqueue.pgq_cancel(bigint, text, text) IS
+    'cancel a message: at once if waiting, when its holder stops if claimed; false if nothing changed';
+COMMENT ON FUNCTION pgqueue.pgq_cancel_key(text, text, text) IS
+    'cancel the message that holds a queue''s unique key, as pgq_cancel; false if none holds it';
 COMMENT ON FUNCTION pgqueue.pgq_renew(bigint, uuid, interval, text) IS
     'extend the lease of a claim still held (on a message of queue, if given); false if the claim was lost';
 COMMENT ON FUNCTION pgqueue.pgq_renew(bigint[], uuid[], interval, text) IS

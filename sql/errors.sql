@@ -152,6 +152,20 @@ END
 $$;
 
 -- 54000: a payload larger than pgqueue.max_payload_bytes (jsonb size, pg_column_size).
+-- A list of msg_ids: not NULL, one-dimensional, no NULL in it (22004, 22023).
+CREATE FUNCTION pgqueue._check_ids(msg_ids bigint[], argument text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM pgqueue._require(msg_ids, argument);
+    IF pg_catalog.array_ndims(msg_ids) > 1 THEN
+        PERFORM pgqueue._invalid(argument, 'a one-dimensional array is expected');
+    END IF;
+    IF pg_catalog.array_position(msg_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'pgqueue: % must not contain NULL', argument USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+END
+$$;
+
 CREATE FUNCTION pgqueue._check_payload_size(size integer) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE

@@ -1,6 +1,9 @@
 -- Finishing messages: ack (completed), nack (retry later or dead letter), fail (dead
--- letter now), plus re-arming expired claims and redriving dead letters. Whatever becomes
--- claimable again is announced to the shared state (pgqueue._note), applied at commit.
+-- letter now), cancel, plus re-arming expired claims and redriving dead letters. Whatever
+-- becomes claimable again is announced to the shared state (pgqueue._note), applied at commit.
+-- A claimed message whose cancel was requested (cancel_requested_at) is never retried: its
+-- nack, fail or lease end records it as cancelled; an ack still records it completed (the
+-- work was done).
 
 -- Moves messages out of the hot table into their queue's history, as completed or dead, in
 -- one statement (src/finish.rs, which pgq_ack_claim runs too). With claim_tokens, only the
@@ -72,13 +75,17 @@ BEGIN
     PERFORM pgqueue._require(msg_id, 'msg_id');
     PERFORM pgqueue._require(claim_token, 'claim_token');
     PERFORM pgqueue._check_delay(retry_in, 'retry_in');
-    SELECT m.msg_id, m.queue, m.priority, m.attempt, q.max_attempts INTO h
+    SELECT m.msg_id, m.queue, m.priority, m.attempt, q.max_attempts, m.cancel_requested_at INTO h
       FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
      WHERE m.msg_id = msg_id AND m.claim_token = claim_token AND m.state = 'claimed'
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE OF m;
     IF NOT FOUND THEN
         RETURN false;
+    END IF;
+    IF h.cancel_requested_at IS NOT NULL THEN
+        PERFORM pgqueue._to_history(ARRAY[msg_id], NULL, 'cancelled', NULL);
+        RETURN true;
     END IF;
     IF h.attempt >= h.max_attempts THEN
         PERFORM pgqueue._to_history(ARRAY[msg_id], NULL, 'dead', coalesce(error, 'nacked on the last attempt'));
@@ -101,19 +108,97 @@ CREATE FUNCTION pgqueue.pgq_fail(msg_id bigint, claim_token uuid, error text DEF
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
+DECLARE
+    cancelled boolean;
 BEGIN
     IF queue IS NOT NULL THEN
         PERFORM pgqueue._queue(queue);
     END IF;
-    RETURN EXISTS (
-        SELECT FROM pgqueue._to_history(ARRAY[pgqueue._require(msg_id, 'msg_id')],
-                                        ARRAY[pgqueue._require(claim_token, 'claim_token')],
-                                        'dead', coalesce(error, 'failed by the consumer'), queue));
+    PERFORM pgqueue._require(msg_id, 'msg_id');
+    PERFORM pgqueue._require(claim_token, 'claim_token');
+    -- Locked first, so that a cancel requested meanwhile is the outcome, not lost.
+    SELECT m.cancel_requested_at IS NOT NULL INTO cancelled
+      FROM pgqueue.messages m
+     WHERE m.msg_id = msg_id AND m.claim_token = claim_token AND m.state = 'claimed'
+       AND (queue IS NULL OR m.queue = queue)
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF cancelled THEN
+        RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], NULL, 'cancelled', NULL));
+    END IF;
+    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], NULL, 'dead', coalesce(error, 'failed by the consumer')));
+END
+$$;
+
+-- Cancels messages: a waiting (ready or delayed) one moves to history as cancelled at once;
+-- a claimed one is marked (cancel_requested_at, and the reason as its last_error): its
+-- holder's renewals leave it out from then on, which tells the holder to stop, and its nack,
+-- fail or lease end records it as cancelled (an ack as completed: the work was done). Either
+-- way its unique key is free once it is cancelled. Returns the ids cancelled or marked; one
+-- finished, unknown, of another queue, or already marked is left out (nothing changed).
+CREATE FUNCTION pgqueue.pgq_cancel(msg_ids bigint[], reason text DEFAULT NULL, queue text DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    waiting bigint[];
+    running bigint[];
+BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
+    PERFORM pgqueue._check_ids(msg_ids, 'msg_ids');
+    -- Locked in msg_id order (overlapping cancels cannot deadlock), after any claim or finish
+    -- under way: its outcome decides what is left to cancel.
+    SELECT coalesce(array_agg(l.msg_id) FILTER (WHERE l.state <> 'claimed'), '{}'),
+           coalesce(array_agg(l.msg_id) FILTER (WHERE l.state = 'claimed' AND l.cancel_requested_at IS NULL), '{}')
+      INTO waiting, running
+      FROM (SELECT m.msg_id, m.state, m.cancel_requested_at FROM pgqueue.messages m
+             WHERE m.msg_id = ANY (msg_ids) AND (queue IS NULL OR m.queue = queue)
+             ORDER BY m.msg_id
+               FOR UPDATE) l;
+    UPDATE pgqueue.messages m SET cancel_requested_at = now(), last_error = coalesce(reason, m.last_error)
+     WHERE m.msg_id = ANY (running);
+    RETURN QUERY
+    SELECT c.id FROM (SELECT pgqueue._to_history(waiting, NULL, 'cancelled', reason) AS id
+                      UNION ALL SELECT unnest(running)) c
+     ORDER BY c.id;
+END
+$$;
+
+CREATE FUNCTION pgqueue.pgq_cancel(msg_id bigint, reason text DEFAULT NULL, queue text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+BEGIN
+    RETURN EXISTS (SELECT FROM pgqueue.pgq_cancel(ARRAY[pgqueue._require(msg_id, 'msg_id')], reason, queue));
+END
+$$;
+
+-- Cancels the message that holds `queue`'s unique key `dedup_key` (as pgq_cancel); false
+-- when no waiting or running message holds it.
+CREATE FUNCTION pgqueue.pgq_cancel_key(queue text, dedup_key text, reason text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    q pgqueue.queues := pgqueue._queue(queue);
+    holder bigint;
+BEGIN
+    SELECT d.msg_id INTO holder FROM pgqueue.dedup_keys d
+     WHERE d.queue = q.queue AND d.dedup_key = pgqueue._require(dedup_key, 'dedup_key') AND d.expires_at IS NULL;
+    IF holder IS NULL THEN
+        RETURN false;
+    END IF;
+    RETURN pgqueue.pgq_cancel(holder, reason, q.queue);
 END
 $$;
 
 -- One batch of re-arming: expired claims with msg_id > after_msg_id, in msg_id order, back
--- to ready, or to dead letter when the queue's max_attempts is used up. Rows another session
+-- to ready, or to dead letter when the queue's max_attempts is used up (to history as
+-- cancelled when a cancel was requested: counted in neither). Rows another session
 -- holds locked are skipped (SKIP LOCKED), so many sessions can run it at once and each
 -- expired claim is re-armed exactly once; a live lease is never touched.
 -- The lease is in no index (renewals stay HOT), so expiry is checked row by row; to keep
@@ -130,6 +215,7 @@ LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS
 DECLARE
     retry bigint[];
     exhausted bigint[];
+    cancelled bigint[];
     window_end bigint;
     window_full boolean;
 BEGIN
@@ -138,12 +224,13 @@ BEGIN
       FROM (SELECT m.msg_id, m.lease_expires_at FROM pgqueue.messages m
              WHERE m.state = 'claimed' AND m.msg_id > after_msg_id
              ORDER BY m.msg_id LIMIT 4 * max_rows) w;
-    SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt < e.max_attempts), '{}'),
-           coalesce(array_agg(e.msg_id) FILTER (WHERE e.attempt >= e.max_attempts), '{}'),
+    SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE NOT e.cancel AND e.attempt < e.max_attempts), '{}'),
+           coalesce(array_agg(e.msg_id) FILTER (WHERE NOT e.cancel AND e.attempt >= e.max_attempts), '{}'),
+           coalesce(array_agg(e.msg_id) FILTER (WHERE e.cancel), '{}'),
            CASE WHEN count(*) >= max_rows THEN max(e.msg_id) ELSE window_end END,
            count(*) >= max_rows OR window_full
-      INTO retry, exhausted, last_msg_id, more
-      FROM (SELECT m.msg_id, m.attempt, q.max_attempts
+      INTO retry, exhausted, cancelled, last_msg_id, more
+      FROM (SELECT m.msg_id, m.attempt, q.max_attempts, m.cancel_requested_at IS NOT NULL AS cancel
               FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
              WHERE m.state = 'claimed' AND m.msg_id > after_msg_id AND m.msg_id <= window_end
                AND m.lease_expires_at <= now()
@@ -164,6 +251,8 @@ BEGIN
               FROM back b GROUP BY b.queue, b.priority) r;
     dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
         exhausted, NULL, 'dead', 'lease expired on the last attempt'));
+    -- Cancel requested and the holder gone: finished as cancelled, not retried.
+    PERFORM pgqueue._to_history(cancelled, NULL, 'cancelled', NULL);
     RETURN NEXT;
 END
 $$;

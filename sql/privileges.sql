@@ -7,7 +7,10 @@ GRANT USAGE ON SCHEMA pgqueue TO PUBLIC;
 
 GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb, text, interval),
-    pgqueue.pgq_send_batch(text, jsonb[], interval, smallint, jsonb, text[], interval)
+    pgqueue.pgq_send_batch(text, jsonb[], interval, smallint, jsonb, text[], interval),
+    pgqueue.pgq_cancel(bigint[], text, text),
+    pgqueue.pgq_cancel(bigint, text, text),
+    pgqueue.pgq_cancel_key(text, text, text)
 TO pgqueue_producer;
 
 GRANT EXECUTE ON FUNCTION

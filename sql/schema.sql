@@ -24,7 +24,7 @@ CREATE TABLE pgqueue.queues (
 );
 
 -- The hot table: messages that are waiting (ready, or delayed until visible_at) or claimed.
--- Completed and dead-lettered messages move to pgqueue.history.
+-- Completed, dead-lettered and cancelled messages move to pgqueue.history.
 -- fillfactor leaves room on each page so that lease renewals stay HOT updates.
 CREATE TABLE pgqueue.messages (
     msg_id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -46,7 +46,9 @@ CREATE TABLE pgqueue.messages (
     session_pid      integer,      -- session-bound claims: the claiming backend ...
     session_started  timestamptz,  -- ... and its start time (pids are reused)
     dedup_key        text,         -- unique jobs: the key this message holds (pgqueue.dedup_keys)
+    cancel_requested_at timestamptz, -- pgq_cancel of a claimed message: its holder is to stop
     CONSTRAINT messages_session_only_when_claimed CHECK (session_pid IS NULL OR state = 'claimed'),
+    CONSTRAINT messages_cancel_only_when_claimed CHECK (cancel_requested_at IS NULL OR state = 'claimed'),
     CONSTRAINT messages_delayed_has_due_time CHECK ((state = 'delayed') = (visible_at IS NOT NULL)),
     CONSTRAINT messages_claimed_has_lease
         CHECK ((state = 'claimed') = (claim_token IS NOT NULL AND lease_expires_at IS NOT NULL))
@@ -110,7 +112,7 @@ CREATE TABLE pgqueue.schedules (
 -- A tick with nothing due reads this index and not the table.
 CREATE INDEX schedules_due_idx ON pgqueue.schedules (next_run) WHERE NOT paused;
 
--- Completed and dead-lettered messages, kept for each queue's retention. Partitioned by
+-- Completed, dead-lettered and cancelled messages, kept for each queue's retention. Partitioned by
 -- queue, then by day of finished_at, so pruning drops whole partitions instead of
 -- deleting rows. pgq_create_queue creates a queue's partitions, and each leaf partition its
 -- own index (pgqueue._index_history_part). No index is declared here: a partitioned index on
@@ -120,7 +122,7 @@ CREATE TABLE pgqueue.history (
     msg_id      bigint NOT NULL,
     queue       text NOT NULL,
     outcome     text NOT NULL CONSTRAINT history_outcome_check
-                    CHECK (outcome IN ('completed', 'dead')),
+                    CHECK (outcome IN ('completed', 'dead', 'cancelled')),
     priority    smallint NOT NULL,
     attempt     integer NOT NULL,
     payload     jsonb NOT NULL,

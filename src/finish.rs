@@ -9,7 +9,8 @@ use pgrx::prelude::*;
 /// With claim tokens, only the claims still held under them move (the fence); without
 /// (NULL), the given messages move. With a queue ($5), only that queue's messages move (a
 /// message of another queue is left, as a stale token is). Unique jobs: a finished message's key is free again, or
-/// kept for its hold. Announces what left each state (pgqueue._note, applied at commit).
+/// kept for its hold (a cancelled one's is free at once). Announces what left each state
+/// (pgqueue._note, applied at commit).
 static TO_HISTORY: Statement = Statement {
     sql: c"WITH gone AS (
                DELETE FROM pgqueue.messages m
@@ -21,11 +22,11 @@ static TO_HISTORY: Statement = Statement {
            ), released AS (
                DELETE FROM pgqueue.dedup_keys d USING gone g
                 WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
-                  AND d.msg_id = g.msg_id AND d.hold = interval '0'
+                  AND d.msg_id = g.msg_id AND (d.hold = interval '0' OR $3 = 'cancelled')
            ), held AS (
                UPDATE pgqueue.dedup_keys d SET expires_at = pg_catalog.now() + d.hold FROM gone g
                 WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
-                  AND d.msg_id = g.msg_id AND d.hold > interval '0'
+                  AND d.msg_id = g.msg_id AND d.hold > interval '0' AND $3 <> 'cancelled'
            ), kept AS (
                INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, headers,
                                             enqueued_at, last_error)

@@ -258,8 +258,34 @@ pub fn mark_dead_stale() {
 }
 
 /// Counts `queue`'s dead letters (its own history partitions only) and stores the count.
+/// The queue's history is locked first: a `pgq_drop_queue` committing between the count's
+/// look-up of the table and its read would fail the count (42P01) and with it the step.
 pub fn recount_dead(queue: &str) {
-    recount::recount(queue, "SELECT pgqueue._dead_count($1)", &[State::Dead]);
+    if lock_history(queue) {
+        recount::recount(queue, "SELECT pgqueue._dead_count($1)", &[State::Dead]);
+    }
+}
+
+/// Takes `queue`'s history table's share lock (until the bracket ends) if the table exists
+/// once it is taken; false where it does not (the queue was dropped, or is being dropped
+/// and this waited for that to commit).
+fn lock_history(queue: &str) -> bool {
+    let name = Spi::get_one_with_args::<String>("SELECT pgqueue._history_table($1)", &[queue.into()])
+        .unwrap_or_else(|e| error!("{e}"));
+    let Some(name) = name.and_then(|n| std::ffi::CString::new(n).ok()) else { return false };
+    // SAFETY: the range var points to strings that outlive the call; the look-up takes the
+    // lock and repeats itself if the table was dropped or renamed while it waited for it.
+    let oid = unsafe {
+        let relation = pg_sys::makeRangeVar(c"pgqueue".as_ptr().cast_mut(), name.as_ptr().cast_mut(), -1);
+        pg_sys::RangeVarGetRelidExtended(
+            relation,
+            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+            pg_sys::RVROption::RVR_MISSING_OK as u32,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    oid != pg_sys::InvalidOid
 }
 
 /// This database's queues' dead letters as the shared state counts them (for

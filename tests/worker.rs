@@ -764,6 +764,46 @@ fn dead_letter_counts_follow_commits_and_are_recounted_by_the_tick() {
     }
 }
 
+/// A queue dropped while a tick runs fails none of its steps: the tick, held up by the drop's
+/// locks, finds the queue gone once the drop commits and passes over it. The dead-letter
+/// count looked its history table up, waited for the drop, then failed to read it (42P01).
+#[test]
+fn a_queue_dropped_while_the_tick_runs_fails_no_step() {
+    let _serial = serial();
+    let server = Server::with_pgqueue(&["pgqueue.enabled = off"]);
+    let mut c = server.connect("postgres");
+    c.execute("SELECT pgqueue.pgq_create_queue('stays')", &[]).unwrap();
+    // The prune and the partitions done, so that the next tick's steps are the ones every
+    // tick runs; then a queue whose dead letters it has not counted yet.
+    c.batch_execute("SELECT * FROM pgqueue.pgq_tick()").unwrap();
+    c.execute("SELECT pgqueue.pgq_create_queue('goes')", &[]).unwrap();
+    assert_eq!(dead_counts(&mut c, "goes"), (None, 0), "due for its first count");
+
+    let mut dropper = server.connect("postgres");
+    dropper.batch_execute("BEGIN; SELECT pgqueue.pgq_drop_queue('goes')").unwrap();
+    let mut ticker = server.connect("postgres");
+    let pid: i32 = ticker.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    let tick = std::thread::spawn(move || {
+        ticker
+            .query("SELECT step, error FROM pgqueue.pgq_tick()", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect::<Vec<_>>()
+    });
+    wait_for("the tick waiting for the drop's locks", LIMIT, || {
+        let waiting: bool = c
+            .query_one("SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1", &[&pid])
+            .unwrap()
+            .get(0);
+        waiting.then_some(())
+    });
+    dropper.batch_execute("COMMIT").unwrap();
+    assert_eq!(tick.join().unwrap(), vec![], "failed steps");
+    let failures: i64 = c.query_one("SELECT tick_failures FROM pgqueue.worker_stats", &[]).unwrap().get(0);
+    assert_eq!(failures, 0);
+}
+
 /// (queue, ready, delayed, claimed, dead) as the overview shows them (the shared counts),
 /// and as the tables count them.
 #[allow(clippy::type_complexity)]

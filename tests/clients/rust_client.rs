@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::runtime::Runtime;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -308,6 +308,45 @@ fn renewals_keep_a_long_job_past_its_lease() {
     assert_eq!(calls.of(id), 1);
     let rearmed: i64 = c.query_one("SELECT rearmed FROM pgqueue.worker_stats", &[]).unwrap().get(0);
     assert_eq!(rearmed, 0);
+}
+
+/// A job cancelled while its handler runs: the next renewal cancels the handler's
+/// `msg.stop`, the handler returns, and the worker records the cancel (`pgq_fail`); the
+/// unique key stays held until then and is free after.
+#[test]
+fn a_cancelled_job_stops_its_handler_and_frees_its_key() {
+    let _turn = common::file_turn(file!());
+    let server = server();
+    let rt = runtime();
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('cancelled', lease => '3 s')").unwrap();
+    let send_key = |c: &mut Client| -> i64 {
+        c.query_one("SELECT pgqueue.pgq_send('cancelled', '{}', dedup_key => 'k', dedup_for => '1 hour')", &[])
+            .unwrap()
+            .get(0)
+    };
+    let id = send_key(&mut c);
+    let (started, stopped) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (on_start, on_stop) = (started.clone(), stopped.clone());
+    let config = WorkerConfig::new(server.dsn("postgres"), "cancelled").wait(Duration::from_secs(1));
+    let worker = start(&rt, config, move |msg| {
+        let (on_start, on_stop) = (on_start.clone(), on_stop.clone());
+        async move {
+            on_start.notify_one();
+            tokio::time::timeout(LIMIT, msg.stop.cancelled()).await.expect("told to stop");
+            on_stop.notify_one();
+            Ok(()) // returns normally: the worker records the cancel all the same
+        }
+    });
+    rt.block_on(async { tokio::time::timeout(LIMIT, started.notified()).await.expect("the handler started") });
+    let cancelled: bool = c.query_one("SELECT pgqueue.pgq_cancel($1::bigint, reason => 'not needed')", &[&id]).unwrap().get(0);
+    assert!(cancelled);
+    assert_eq!(send_key(&mut c), id, "the key is held while the handler runs");
+    rt.block_on(async { tokio::time::timeout(LIMIT, stopped.notified()).await.expect("the handler stopped") });
+    wait_for("the cancel recorded", LIMIT, || history(&mut c, "cancelled").get(&id).cloned());
+    stop(&rt, worker).unwrap();
+    assert_eq!(history(&mut c, "cancelled")[&id].result(), ("cancelled", 1, Some("not needed")));
+    assert_ne!(send_key(&mut c), id, "the key is free once cancelled");
 }
 
 #[test]

@@ -11,6 +11,7 @@ fn connect() -> common::Client {
 
 mod ack_claim;
 mod api;
+mod cancel;
 mod concurrency;
 mod maintenance;
 mod operators;

@@ -12,7 +12,7 @@
 use crate::common;
 
 use common::server::{bindir, this_major};
-use common::{Client, ack_by, claim_one, connect, connect_to, message, wait_for, workers_only_in};
+use common::{Client, ack_by, claim_one, connect, connect_to, history_of, message, outcome, wait_for, workers_only_in};
 use std::process::Command;
 use std::time::Duration;
 use uuid::Uuid;
@@ -62,6 +62,10 @@ struct Source {
     long: (i64, Uuid),
     short: (i64, Uuid),
     bound: (i64, Uuid),
+    /// (msg_id, token) of a claim whose cancel was requested, and a message cancelled while
+    /// it waited.
+    cancelling: (i64, Uuid),
+    cancelled: i64,
     /// A dead letter in a history partition two days old.
     old_dead: i64,
     last_id: i64,
@@ -127,6 +131,11 @@ fn fill(c: &mut Client) -> Source {
     .unwrap();
     let long = claim_one(&mut s, "jobs", None).held();
     let short = claim_one(&mut s, "jobs", Some("3 s")).held();
+    // What 0.15.0 adds: a running job whose cancel was requested, and one cancelled waiting.
+    let cancelling = claim_one(&mut s, "jobs", None).held();
+    let cancelled: i64 = s.query_one("SELECT pgqueue.pgq_send('jobs', '{}')", &[]).unwrap().get(0);
+    s.query("SELECT pgqueue.pgq_cancel(ARRAY[$1, $2]::bigint[], reason => 'stop')", &[&cancelling.0, &cancelled])
+        .unwrap();
     let mut consumer = connect_to(&db);
     let bound = claim_session_bound(&mut consumer, "jobs");
     let keys = fill_schedules_and_keys(&mut s);
@@ -141,7 +150,21 @@ fn fill(c: &mut Client) -> Source {
     let last_id: i64 = s.query_one("SELECT last_value FROM pgqueue.messages_msg_id_seq", &[]).unwrap().get(0);
     let (schedules, dedup_keys) = (rows(&mut s, "schedules", "name"), rows(&mut s, "dedup_keys", "queue, dedup_key"));
     assert_eq!((schedules.len(), dedup_keys.len()), (2, 4), "the source has its schedules and keys");
-    Source { db, long, short, bound, old_dead: -1, last_id, roles, keys, schedules, dedup_keys, _consumer: consumer }
+    Source {
+        db,
+        long,
+        short,
+        bound,
+        cancelling,
+        cancelled,
+        old_dead: -1,
+        last_id,
+        roles,
+        keys,
+        schedules,
+        dedup_keys,
+        _consumer: consumer,
+    }
 }
 
 /// What 0.4.0 adds. Two schedules, neither of which fires before the checks (the source has
@@ -246,8 +269,8 @@ fn check_restored(src: &Source, db: &str) {
         let ticks: i64 = r.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0);
         (ticks > 0).then_some(())
     });
-    // Everything came across: 21 sent to jobs (one acked, one failed), 3 keyed waiting or
-    // claimed, 1 each elsewhere, 7 in history (5 two days old).
+    // Everything came across: 22 sent to jobs (one acked, one failed, one cancelled), 3 keyed
+    // waiting or claimed, 1 each elsewhere, 8 in history (5 two days old).
     let counts: Vec<(String, i64)> = r
         .query("SELECT queue, count(*) FROM pgqueue.messages GROUP BY 1 ORDER BY 1", &[])
         .unwrap()
@@ -257,7 +280,8 @@ fn check_restored(src: &Source, db: &str) {
     let long = format!("q{}", "x".repeat(39));
     assert_eq!(counts, vec![("jobs".into(), 19), ("keyed".into(), 3), ("parked".into(), 1), (long, 1)], "{db}");
     let history: i64 = r.query_one("SELECT count(*) FROM pgqueue.history WHERE queue = 'jobs'", &[]).unwrap().get(0);
-    assert_eq!(history, 7, "{db}");
+    assert_eq!(history, 8, "{db}");
+    assert_eq!(outcome(&mut r, src.cancelled).as_deref(), Some("cancelled"), "{db}");
     let q: (String, bool, i32) = {
         let row = r
             .query_one("SELECT lease::text, paused, max_attempts FROM pgqueue.queues WHERE queue = 'parked'", &[])
@@ -279,6 +303,13 @@ fn check_restored(src: &Source, db: &str) {
     let acked: bool =
         r.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&src.long.0, &src.long.1]).unwrap().get(0);
     assert!(acked, "{db}: the long claim's token still acks it");
+    // The requested cancel came across: renewals leave it out, its fail records the cancel.
+    let (id, token) = src.cancelling;
+    let renewed: bool = r.query_one("SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
+    assert!(!renewed, "{db}: a claim whose cancel was requested is not renewed");
+    let failed: bool = r.query_one("SELECT pgqueue.pgq_fail($1, $2)", &[&id, &token]).unwrap().get(0);
+    assert!(failed, "{db}");
+    assert_eq!(history_of(&mut r, id)[0].result(), ("cancelled", 1, Some("stop")), "{db}");
 
     // New sends continue past every restored id, also as the application's producer role.
     let mut producer = common::connect_as(&src.roles[0], db);

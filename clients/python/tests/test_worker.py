@@ -120,6 +120,35 @@ def test_renewal_holds_a_message_past_its_lease(dsn, db, make_queue):
     assert history_row(db, mid) == ("completed", 1, None)
 
 
+def cancel(db, mid: int) -> bool:
+    row = db.execute("SELECT pgqueue.pgq_cancel(%s::bigint, reason => 'not needed')", [mid]).fetchone()
+    return bool(row and row[0])
+
+
+def test_a_cancelled_job_stops_its_handler_and_frees_its_key(dsn, db, make_queue):
+    q = make_queue(lease="3 s")  # renewed every second
+    p = pgqueue.Producer(dsn)
+    mid = p.send(q, "long", dedup_key="report-1", dedup_for=3600)
+    started, stopped = threading.Event(), threading.Event()
+
+    def handle(msg: pgqueue.Message) -> None:
+        started.set()
+        deadline = time.monotonic() + 60
+        while not msg.stop.is_set():
+            assert time.monotonic() < deadline, "never told to stop"
+            time.sleep(0.05)
+        stopped.set()  # returns normally: the worker records the cancel all the same
+
+    with running(pgqueue.Worker(dsn, q, handle, wait=1)):
+        assert started.wait(30)
+        assert cancel(db, mid)
+        assert p.send(q, "again", dedup_key="report-1") == mid, "the key is held while the handler runs"
+        assert stopped.wait(30)
+        wait_for("the cancel recorded", lambda: history_row(db, mid))
+    assert history_row(db, mid) == ("cancelled", 1, "not needed")
+    assert p.send(q, "again", dedup_key="report-1") != mid, "the key is free once cancelled"
+
+
 def test_graceful_stop_finishes_running_handlers(dsn, db, make_queue):
     q = make_queue()
     mid = pgqueue.Producer(dsn).send(q, "short")
@@ -328,6 +357,27 @@ def test_async_renewal_holds_a_message_past_its_lease(dsn, db, make_queue):
 
     asyncio.run(arun(pgqueue.aio.AsyncWorker(dsn, q, handle, wait=1), second_consumer_gets_nothing))
     assert history_row(db, mid) == ("completed", 1, None)
+
+
+def test_async_cancelled_job_stops_its_handler(dsn, db, make_queue):
+    q = make_queue(lease="3 s")
+    mid = pgqueue.Producer(dsn).send(q, "long")
+    started, stopped = [False], [False]
+
+    async def handle(msg: pgqueue.Message) -> None:
+        started[0] = True
+        while not msg.stop.is_set():
+            await asyncio.sleep(0.05)
+        stopped[0] = True
+
+    async def cancelled() -> None:
+        await apoll("the handler", lambda: started[0])
+        assert cancel(db, mid)
+        await apoll("the handler to stop", lambda: stopped[0])
+        await apoll("the cancel recorded", lambda: history_row(db, mid))
+
+    asyncio.run(arun(pgqueue.aio.AsyncWorker(dsn, q, handle, wait=1), cancelled))
+    assert history_row(db, mid) == ("cancelled", 1, "not needed")
 
 
 def test_async_graceful_stop_gives_back_what_it_holds(dsn, db, make_queue):

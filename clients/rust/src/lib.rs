@@ -7,6 +7,7 @@ mod worker;
 pub use error::{Error, HandlerError, Result};
 pub use producer::{SendOptions, send, send_batch};
 pub use tokio_postgres;
+pub use tokio_util::sync::CancellationToken;
 pub use worker::{Message, Worker, WorkerConfig};
 
 use std::time::Duration;

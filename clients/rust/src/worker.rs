@@ -17,6 +17,7 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Config, NoTls};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -129,6 +130,12 @@ pub struct Message {
     pub enqueued_at: SystemTime,
     /// When the lease ended at the claim (the worker extends it while the handler runs).
     pub lease_expires_at: SystemTime,
+    /// Cancelled when the handler should stop: a renewal found the claim no longer held,
+    /// because its cancel was requested (`pgq_cancel`) or it was lost. Check `is_cancelled()`
+    /// between steps, or `select!` on `cancelled()`. Whatever the handler returns then, the
+    /// worker finishes the message with `pgq_fail`, which records a requested cancel as
+    /// `cancelled` (and changes nothing for a lost claim).
+    pub stop: CancellationToken,
 }
 
 /// Runs `handler` on the messages of one queue; see [`Worker::run`].
@@ -328,6 +335,7 @@ async fn claim(client: &Client, shared: &Shared, qty: usize) -> Result<Vec<Claim
                 headers: r.get(5),
                 enqueued_at: r.get(6),
                 lease_expires_at: r.get(7),
+                stop: CancellationToken::new(),
             },
             lease: secs(r.get(8)),
         })
@@ -445,7 +453,7 @@ async fn process<H, F>(
     F: Future<Output = std::result::Result<(), HandlerError>> + Send + 'static,
 {
     let Claimed { msg, lease } = claimed;
-    let (id, token) = (msg.msg_id, msg.claim_token);
+    let (id, token, stop) = (msg.msg_id, msg.claim_token, msg.stop.clone());
     let mut lease_end = Instant::now() + lease;
     if lease.is_zero() {
         // Only a server before 0.6.0, where a waiting claim's lease ran from the statement's
@@ -461,8 +469,10 @@ async fn process<H, F>(
             }
             Ok(false) => {
                 log::warn!(
-                    "pgqueue worker: message {id}: claim lost (lease expired and re-armed); its work may be repeated"
+                    "pgqueue worker: message {id}: the renewal found the claim no longer held (its cancel requested, \
+                     or lost: lease expired and re-armed); telling the handler to stop"
                 );
+                stop.cancel();
                 false
             }
             Err(e) => {
@@ -489,6 +499,8 @@ async fn process<H, F>(
 
     let op = match outcome {
         None => Op::Nack { retry_in: Some(Duration::ZERO), error: "worker stopped before the handler finished".into() },
+        // Told to stop: a requested cancel is recorded as such; a lost claim is fenced.
+        Some(_) if stop.is_cancelled() => Op::Fail { error: "the handler was told to stop".into() },
         Some(Ok(Ok(()))) => Op::Ack,
         Some(Ok(Err(HandlerError::Retry { error, retry_in }))) => Op::Nack { retry_in, error },
         Some(Ok(Err(HandlerError::Permanent { error }))) => Op::Fail { error },

@@ -350,6 +350,7 @@ class AsyncWorker:
         if held.state != "running":
             return
         held.state = "finishing"
+        outcome, error = held.finish_with(outcome, error)
         try:
             await self._call_until_done(held, outcome, error)
         finally:
@@ -410,7 +411,7 @@ class AsyncWorker:
             if h.message.msg_id in kept:
                 h.renewed(now)
             else:
-                h.lost = True
+                h.told_to_stop()
                 fenced_false("renewal", h)
 
     # -- stopping -------------------------------------------------------------------------

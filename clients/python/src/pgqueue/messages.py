@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,6 +26,11 @@ class Message:
     enqueued_at: datetime
     claim_token: UUID = field(repr=False)
     """The claim's fence: pgqueue acts on the message only with the current token."""
+    stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    """Set when the handler should stop: a renewal found the claim no longer held, because its
+    cancel was requested (`pgq_cancel`) or it was lost. Check `stop.is_set()` between steps and
+    return; whatever the handler returns then, the worker finishes the message with `pgq_fail`,
+    which records a requested cancel as `cancelled` (and changes nothing for a lost claim)."""
 
 
 def interval(value: Seconds | None, name: str) -> timedelta | None:

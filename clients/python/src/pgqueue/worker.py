@@ -204,6 +204,17 @@ class Held:
     def renewed(self, now: float) -> None:
         self.renew_at = now + self.lease / 3
 
+    def told_to_stop(self) -> None:
+        """A renewal found the claim no longer held (its cancel requested, or lost): the
+        handler is to stop."""
+        self.lost = True
+        self.message.stop.set()
+
+    def finish_with(self, outcome: str, error: str | None) -> tuple[str, str | None]:
+        """The call that finishes the message once its handler returned: pgq_fail for a handler
+        told to stop (the server records a requested cancel as cancelled; a lost claim is fenced)."""
+        return ("fail", "the handler was told to stop") if self.lost else (outcome, error)
+
 
 def wait_unsupported(exc: psycopg.Error) -> bool:
     """The server cannot wait for messages: not in this transaction isolation (0A000), or a
@@ -224,8 +235,9 @@ def fenced_false(what: str, held: Held) -> None:
     m = held.message
     log.warning(
         "%s of message %d (attempt %d) changed nothing: its claim was lost (the lease ran out and it was"
-        " re-armed, or another worker holds it now), or an earlier try of this call committed before the"
-        " connection broke; its work may be done again",
+        " re-armed, or another worker holds it now), its cancel was requested (a renewal: the handler is told"
+        " to stop), or an earlier try of this call committed before the connection broke; its work may be"
+        " done again",
         what,
         m.msg_id,
         m.attempt,
@@ -464,7 +476,7 @@ class Worker:
                 error = error_text(exc)
                 outcome = "fail" if isinstance(exc, self.settings.non_retryable) else "nack"
                 log.info("message %d (attempt %d) failed: %s", held.message.msg_id, held.message.attempt, error)
-            self._finish(held, outcome, error)
+            self._finish(held, *held.finish_with(outcome, error))
 
     def _finish(self, held: Held, outcome: str, error: str | None) -> None:
         with self._changed:
@@ -535,7 +547,7 @@ class Worker:
             if h.message.msg_id in kept:
                 h.renewed(now)
             else:
-                h.lost = True
+                h.told_to_stop()
                 fenced_false("renewal", h)
 
     # -- stopping -------------------------------------------------------------------------
