@@ -1,9 +1,8 @@
 -- Finishing messages: ack (completed), nack (retry later or dead letter), fail (dead
 -- letter now), cancel, plus re-arming expired claims and redriving dead letters. Whatever
 -- becomes claimable again is announced to the shared state (pgqueue._note), applied at commit.
--- A claimed message whose cancel was requested (cancel_requested_at) is never retried: its
--- nack, fail or lease end records it as cancelled; an ack still records it completed (the
--- work was done).
+-- A claimed message whose cancel was requested (cancel_requested_at) is never retried:
+-- whatever finishes it (ack, nack, fail, lease end) records it as cancelled.
 
 -- Moves messages out of the hot table into their queue's history, as completed or dead, in
 -- one statement (src/finish.rs, which pgq_ack_claim runs too). With claim_tokens, only the
@@ -83,11 +82,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF h.cancel_requested_at IS NOT NULL THEN
-        PERFORM pgqueue._to_history(ARRAY[msg_id], NULL, 'cancelled', NULL);
-        RETURN true;
-    END IF;
-    IF h.attempt >= h.max_attempts THEN
+    -- A message whose cancel was requested is not retried (_to_history records it cancelled).
+    IF h.attempt >= h.max_attempts OR h.cancel_requested_at IS NOT NULL THEN
         PERFORM pgqueue._to_history(ARRAY[msg_id], NULL, 'dead', coalesce(error, 'nacked on the last attempt'));
         RETURN true;
     END IF;
@@ -108,35 +104,21 @@ CREATE FUNCTION pgqueue.pgq_fail(msg_id bigint, claim_token uuid, error text DEF
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
-DECLARE
-    cancelled boolean;
 BEGIN
     IF queue IS NOT NULL THEN
         PERFORM pgqueue._queue(queue);
     END IF;
-    PERFORM pgqueue._require(msg_id, 'msg_id');
-    PERFORM pgqueue._require(claim_token, 'claim_token');
-    -- Locked first, so that a cancel requested meanwhile is the outcome, not lost.
-    SELECT m.cancel_requested_at IS NOT NULL INTO cancelled
-      FROM pgqueue.messages m
-     WHERE m.msg_id = msg_id AND m.claim_token = claim_token AND m.state = 'claimed'
-       AND (queue IS NULL OR m.queue = queue)
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    IF cancelled THEN
-        RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], NULL, 'cancelled', NULL));
-    END IF;
-    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], NULL, 'dead', coalesce(error, 'failed by the consumer')));
+    RETURN EXISTS (
+        SELECT FROM pgqueue._to_history(ARRAY[pgqueue._require(msg_id, 'msg_id')],
+                                        ARRAY[pgqueue._require(claim_token, 'claim_token')],
+                                        'dead', coalesce(error, 'failed by the consumer'), queue));
 END
 $$;
 
 -- Cancels messages: a waiting (ready or delayed) one moves to history as cancelled at once;
 -- a claimed one is marked (cancel_requested_at, and the reason as its last_error): its
--- holder's renewals leave it out from then on, which tells the holder to stop, and its nack,
--- fail or lease end records it as cancelled (an ack as completed: the work was done). Either
--- way its unique key is free once it is cancelled. Returns the ids cancelled or marked; one
+-- holder's renewals leave it out from then on, which tells the holder to stop, and whatever
+-- finishes it (ack, nack, fail, lease end) records it as cancelled. Either way its unique key is free once it is cancelled. Returns the ids cancelled or marked; one
 -- finished, unknown, of another queue, or already marked is left out (nothing changed).
 CREATE FUNCTION pgqueue.pgq_cancel(msg_ids bigint[], reason text DEFAULT NULL, queue text DEFAULT NULL)
 RETURNS SETOF bigint

@@ -5,41 +5,77 @@ use crate::statement::Statement;
 use pgrx::AnyArray;
 use pgrx::pg_sys::{self, INT8ARRAYOID, TEXTOID, UUIDARRAYOID};
 use pgrx::prelude::*;
+use std::ffi::CStr;
 
 /// With claim tokens, only the claims still held under them move (the fence); without
 /// (NULL), the given messages move. With a queue ($5), only that queue's messages move (a
-/// message of another queue is left, as a stale token is). Unique jobs: a finished message's key is free again, or
-/// kept for its hold (a cancelled one's is free at once). Announces what left each state
-/// (pgqueue._note, applied at commit).
-static TO_HISTORY: Statement = Statement {
-    sql: c"WITH gone AS (
+/// message of another queue is left, as a stale token is). A message whose cancel was
+/// requested (`$cancelling`) leaves as cancelled whatever finished it (ack, nack, fail, lease
+/// end), keeping the cancel's reason as its error, so that rule lives here only. Unique jobs:
+/// a finished message's key is free again, or kept for its hold (a cancelled one's is free at
+/// once). Announces what left each state (pgqueue._note, applied at commit).
+macro_rules! to_history {
+    ($cancelling:literal) => {
+        Statement {
+            sql: match CStr::from_bytes_with_nul(
+                concat!(
+                    "WITH gone AS (
                DELETE FROM pgqueue.messages m
                 USING unnest($1, $2) AS u(id, token)
                 WHERE m.msg_id = u.id AND ($2 IS NULL OR (m.claim_token = u.token AND m.state = 'claimed'))
                   AND ($5::text IS NULL OR m.queue = $5)
                RETURNING m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
-                         m.last_error, m.dedup_key
+                         m.dedup_key,
+                         CASE WHEN ",
+                    $cancelling,
+                    " THEN 'cancelled' ELSE $3 END AS outcome,
+                         CASE WHEN ",
+                    $cancelling,
+                    " THEN m.last_error ELSE coalesce($4, m.last_error) END AS last_error
            ), released AS (
                DELETE FROM pgqueue.dedup_keys d USING gone g
                 WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
-                  AND d.msg_id = g.msg_id AND (d.hold = interval '0' OR $3 = 'cancelled')
+                  AND d.msg_id = g.msg_id AND (d.hold = interval '0' OR g.outcome = 'cancelled')
            ), held AS (
                UPDATE pgqueue.dedup_keys d SET expires_at = pg_catalog.now() + d.hold FROM gone g
                 WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
-                  AND d.msg_id = g.msg_id AND d.hold > interval '0' AND $3 <> 'cancelled'
+                  AND d.msg_id = g.msg_id AND d.hold > interval '0' AND g.outcome <> 'cancelled'
            ), kept AS (
                INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, headers,
                                             enqueued_at, last_error)
-               SELECT g.msg_id, g.queue, $3, g.priority, g.attempt, g.payload, g.headers,
-                      g.enqueued_at, coalesce($4, g.last_error)
+               SELECT g.msg_id, g.queue, g.outcome, g.priority, g.attempt, g.payload, g.headers,
+                      g.enqueued_at, g.last_error
                  FROM gone g
                RETURNING history.msg_id
            ), noted AS (
-               SELECT pgqueue._note(g.queue, count(*), g.state, $3) FROM gone g GROUP BY g.queue, g.state
+               SELECT pgqueue._note(g.queue, count(*), g.state, g.outcome) FROM gone g GROUP BY g.queue, g.state, g.outcome
            )
-           SELECT k.msg_id FROM kept k, (SELECT count(*) FROM noted) n ORDER BY k.msg_id",
-    args: &[INT8ARRAYOID, UUIDARRAYOID, TEXTOID, TEXTOID, TEXTOID],
-};
+           SELECT k.msg_id FROM kept k, (SELECT count(*) FROM noted) n ORDER BY k.msg_id\0"
+                )
+                .as_bytes(),
+            ) {
+                Ok(sql) => sql,
+                Err(_) => panic!("a statement's text has a NUL"),
+            },
+            args: &[INT8ARRAYOID, UUIDARRAYOID, TEXTOID, TEXTOID, TEXTOID],
+        }
+    };
+}
+static TO_HISTORY: Statement = to_history!("m.cancel_requested_at IS NOT NULL");
+/// The same for a database still running 0.14.0's SQL (until ALTER EXTENSION UPDATE), whose
+/// messages have no cancel_requested_at: none can be cancelled there.
+static TO_HISTORY_0_14: Statement = to_history!("false");
+
+/// Whether pgqueue.messages has cancel_requested_at (0.15.0's SQL on): three catalog cache
+/// lookups, no query, so that an ack costs the same.
+fn cancel_column() -> bool {
+    // SAFETY: catalog cache lookups of NUL-terminated names, inside a transaction.
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"pgqueue".as_ptr(), true);
+        let messages = pg_sys::get_relname_relid(c"messages".as_ptr(), schema);
+        messages != pg_sys::InvalidOid && pg_sys::get_attnum(messages, c"cancel_requested_at".as_ptr()) > 0
+    }
+}
 
 /// Moves the messages (bigint[] `msg_ids`, uuid[] `tokens`) to history as `outcome`, inside
 /// an SPI connection; returns the ids that moved, in order. `queue`: only that queue's.
@@ -50,7 +86,8 @@ pub fn to_history(
     error: Option<&str>,
     queue: Option<&str>,
 ) -> Vec<i64> {
-    let rows = TO_HISTORY.run(&[msg_ids, tokens, outcome.into_datum(), error.into_datum(), queue.into_datum()]);
+    let statement = if cancel_column() { &TO_HISTORY } else { &TO_HISTORY_0_14 };
+    let rows = statement.run(&[msg_ids, tokens, outcome.into_datum(), error.into_datum(), queue.into_datum()]);
     (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect()
 }
 

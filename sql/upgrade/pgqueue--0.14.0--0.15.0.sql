@@ -1,8 +1,9 @@
 -- pgqueue 0.14.0 -> 0.15.0.
 --
 -- Cancel: pgq_cancel (by msg_ids or one msg_id) and pgq_cancel_key (by unique key). A waiting
--- message moves to history as 'cancelled' at once; a claimed one gets cancel_requested_at,
--- which its renewals, nack, fail and lease end act on. The history's outcome constraint
+-- message moves to history as 'cancelled' at once; a claimed one gets cancel_requested_at:
+-- its renewals are refused and whatever finishes it (ack, nack, fail, lease end) records it
+-- as cancelled. The history's outcome constraint
 -- gains 'cancelled'.
 -- Locks on queue data: ALTER TABLE takes ACCESS EXCLUSIVE on pgqueue.messages (a new column,
 -- no rewrite, and a check that reads the table once) and on pgqueue.history and its
@@ -62,7 +63,8 @@ BEGIN
 END
 $$;
 
--- A nack or fail of a claim whose cancel was requested records it as cancelled.
+-- A nack of a claim whose cancel was requested does not retry it: like any finish of it, it
+-- records it as cancelled (the library's _to_history decides the outcome).
 CREATE OR REPLACE FUNCTION pgqueue.pgq_nack(
     msg_id bigint,
     claim_token uuid,
@@ -90,11 +92,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF h.cancel_requested_at IS NOT NULL THEN
-        PERFORM pgqueue._to_history(ARRAY[msg_id], NULL, 'cancelled', NULL);
-        RETURN true;
-    END IF;
-    IF h.attempt >= h.max_attempts THEN
+    -- A message whose cancel was requested is not retried (_to_history records it cancelled).
+    IF h.attempt >= h.max_attempts OR h.cancel_requested_at IS NOT NULL THEN
         PERFORM pgqueue._to_history(ARRAY[msg_id], NULL, 'dead', coalesce(error, 'nacked on the last attempt'));
         RETURN true;
     END IF;
@@ -111,35 +110,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgqueue.pgq_fail(msg_id bigint, claim_token uuid, error text DEFAULT NULL, queue text DEFAULT NULL)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_variable
-DECLARE
-    cancelled boolean;
-BEGIN
-    IF queue IS NOT NULL THEN
-        PERFORM pgqueue._queue(queue);
-    END IF;
-    PERFORM pgqueue._require(msg_id, 'msg_id');
-    PERFORM pgqueue._require(claim_token, 'claim_token');
-    -- Locked first, so that a cancel requested meanwhile is the outcome, not lost.
-    SELECT m.cancel_requested_at IS NOT NULL INTO cancelled
-      FROM pgqueue.messages m
-     WHERE m.msg_id = msg_id AND m.claim_token = claim_token AND m.state = 'claimed'
-       AND (queue IS NULL OR m.queue = queue)
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    IF cancelled THEN
-        RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], NULL, 'cancelled', NULL));
-    END IF;
-    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], NULL, 'dead', coalesce(error, 'failed by the consumer')));
-END
-$$;
-
--- So does its lease end.
+-- A claim whose cancel was requested and whose lease ends is finished as cancelled, not re-armed.
 CREATE OR REPLACE FUNCTION pgqueue._rearm_batch(after_msg_id bigint, max_rows integer, queue text DEFAULT NULL)
 RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_msg_id bigint, more boolean, first_msg_id bigint,
                next_expiry timestamptz)

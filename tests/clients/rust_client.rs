@@ -339,7 +339,8 @@ fn a_cancelled_job_stops_its_handler_and_frees_its_key() {
         }
     });
     rt.block_on(async { tokio::time::timeout(LIMIT, started.notified()).await.expect("the handler started") });
-    let cancelled: bool = c.query_one("SELECT pgqueue.pgq_cancel($1::bigint, reason => 'not needed')", &[&id]).unwrap().get(0);
+    let cancelled: bool =
+        c.query_one("SELECT pgqueue.pgq_cancel($1::bigint, reason => 'not needed')", &[&id]).unwrap().get(0);
     assert!(cancelled);
     assert_eq!(send_key(&mut c), id, "the key is held while the handler runs");
     rt.block_on(async { tokio::time::timeout(LIMIT, stopped.notified()).await.expect("the handler stopped") });

@@ -1,6 +1,6 @@
 //! Cancel (`pgq_cancel`, `pgq_cancel_key`): a waiting message finishes as cancelled at once;
-//! a claimed one when its holder stops (nack, fail) or its lease ends, and its renewals tell
-//! the holder to stop; an ack still completes it. The unique key is free once cancelled.
+//! a claimed one when its holder stops (ack, nack, fail) or its lease ends, and its renewals
+//! tell the holder to stop. The unique key is free once cancelled.
 
 use crate::common::{
     Client, Finished, ack, as_role, claim, claim_one, history_of, message, new_queue, outcome, send, sqlstate, state,
@@ -86,25 +86,29 @@ fn a_claimed_message_is_cancelled_when_its_holder_stops() {
     }
 
     // A nack does not retry it, a fail does not dead-letter it: both record it cancelled.
-    let nacked: bool =
-        c.query_one("SELECT pgqueue.pgq_nack($1, $2, error => 'stopped')", &[&by_nack.id, &by_nack.token]).unwrap().get(0);
+    let nacked: bool = c
+        .query_one("SELECT pgqueue.pgq_nack($1, $2, error => 'stopped')", &[&by_nack.id, &by_nack.token])
+        .unwrap()
+        .get(0);
     assert!(nacked);
     assert_eq!(only(history_of(&mut c, by_nack.id)).result(), ("cancelled", 1, Some("customer left")));
     let failed: bool =
         c.query_one("SELECT pgqueue.pgq_fail($1, $2, 'stopped')", &[&by_fail.id, &by_fail.token]).unwrap().get(0);
     assert!(failed);
     assert_eq!(only(history_of(&mut c, by_fail.id)).result(), ("cancelled", 1, Some("customer left")));
-    // An ack: the work was done.
+    // An ack too: the cancel came first.
     assert!(ack(&mut c, &by_ack));
-    assert_eq!(outcome(&mut c, by_ack.id).as_deref(), Some("completed"));
+    assert_eq!(only(history_of(&mut c, by_ack.id)).result(), ("cancelled", 1, Some("customer left")));
     // A stale token changes nothing, cancelled or not.
-    let stale: bool =
-        c.query_one("SELECT pgqueue.pgq_fail($1, $2)", &[&by_lease.id, &Uuid::new_v4()]).unwrap().get(0);
+    let stale: bool = c.query_one("SELECT pgqueue.pgq_fail($1, $2)", &[&by_lease.id, &Uuid::new_v4()]).unwrap().get(0);
     assert!(!stale);
 
     // The holder never comes back: at its lease's end it is cancelled, not re-armed.
-    c.execute("UPDATE pgqueue.messages SET lease_expires_at = now() - interval '1 s' WHERE msg_id = $1", &[&by_lease.id])
-        .unwrap();
+    c.execute(
+        "UPDATE pgqueue.messages SET lease_expires_at = now() - interval '1 s' WHERE msg_id = $1",
+        &[&by_lease.id],
+    )
+    .unwrap();
     let (rearmed, dead): (i64, i64) = {
         let r = c.query_one("SELECT * FROM pgqueue.pgq_rearm(queue => $1)", &[&q]).unwrap();
         (r.get(0), r.get(1))
@@ -194,8 +198,7 @@ fn bad_cancels_are_refused_and_change_nothing() {
     assert_eq!(state(&mut c, id).as_deref(), Some("ready"), "nothing changed");
     // Another queue's message is left, as with pgq_ack.
     let other = new_queue(&mut c, "");
-    let left: bool =
-        c.query_one("SELECT pgqueue.pgq_cancel($1::bigint, queue => $2)", &[&id, &other]).unwrap().get(0);
+    let left: bool = c.query_one("SELECT pgqueue.pgq_cancel($1::bigint, queue => $2)", &[&id, &other]).unwrap().get(0);
     assert!(!left);
     assert_eq!(state(&mut c, id).as_deref(), Some("ready"));
 }
