@@ -54,8 +54,8 @@
 
 mod common;
 
-use common::Client;
 use common::server::{Server, bindir, this_major};
+use common::{Client, Rng};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -96,43 +96,12 @@ fn queue_index(name: &str) -> usize {
     QUEUES.iter().position(|q| *q == name).unwrap_or_else(|| panic!("unknown queue {name}"))
 }
 
-/// xorshift64*, seeded through splitmix64; one stream per thread.
-struct Rng(u64);
+/// The soak's own draw on the kit's generator.
+trait Priority {
+    fn priority(&mut self) -> i16;
+}
 
-impl Rng {
-    fn new(seed: u64, stream: u64) -> Rng {
-        let mut z = (seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03)).wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Rng((z ^ (z >> 31)) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// lo..=hi
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn secs(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-
+impl Priority for Rng {
     fn priority(&mut self) -> i16 {
         if self.chance(50) { 5 } else { 0 }
     }
@@ -1253,11 +1222,7 @@ fn story_of(ids: &[i64], produced: &[Produced], consumed: &[Consumed], redriven:
 #[test]
 fn nothing_starves() {
     let _installed = common::connect();
-    let seed: u64 = match std::env::var("PGQUEUE_NO_STARVATION_SEED") {
-        Ok(s) => s.trim().parse().expect("PGQUEUE_NO_STARVATION_SEED is a u64"),
-        Err(_) => SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000_007,
-    };
-    eprintln!("no_starvation: seed {seed} (PGQUEUE_NO_STARVATION_SEED={seed} replays its choices)");
+    let seed = common::rng::seed_from("PGQUEUE_NO_STARVATION_SEED", "no_starvation");
     let started = Instant::now();
 
     let server = Server::init(

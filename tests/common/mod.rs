@@ -4,10 +4,13 @@
 #![allow(dead_code)]
 
 pub mod kit;
+pub mod rng;
 pub mod server;
 
 #[allow(unused_imports)]
 pub use kit::*;
+#[allow(unused_imports)]
+pub use rng::Rng;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};

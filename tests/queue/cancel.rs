@@ -220,3 +220,205 @@ fn producers_cancel_and_consumers_do_not() {
     assert_eq!(outcome(&mut c, b).as_deref(), Some("cancelled"));
     c.batch_execute(&format!("DROP ROLE {user}")).unwrap();
 }
+
+/// Randomized, over many connections: consumers claim (pgq_claim or pgq_ack_claim), renew,
+/// ack, nack, fail or abandon their claims, a rearmer ends abandoned leases, and cancellers
+/// cancel random messages (by id, in batches, and by key) all along. However they
+/// interleave: every message finishes exactly once; each message a cancel returned finishes
+/// as cancelled, and no claim that started after that cancel returned gets it; nothing a
+/// cancel did not return is cancelled; and no cancelled message keeps its unique key.
+#[test]
+fn cancels_racing_claims_acks_nacks_and_lease_ends_lose_nothing() {
+    use crate::common::Rng;
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    const MESSAGES: usize = 2_000;
+    const CONSUMERS: u64 = 8;
+    const CANCELLERS: u64 = 3;
+    let seed = crate::common::rng::seed_from("PGQUEUE_CANCEL_RACE_SEED", "cancel race");
+    let mut c = connect();
+    let q = new_queue(&mut c, ", lease => '300 ms', max_attempts => 4");
+    // Every third message has a unique key, kept an hour after it finishes (unless cancelled).
+    let mut ids = Vec::with_capacity(MESSAGES);
+    let mut keys = HashMap::new();
+    for i in 0..MESSAGES {
+        let key = (i % 3 == 0).then(|| format!("k{i}"));
+        let id: i64 = c
+            .query_one(
+                "SELECT pgqueue.pgq_send($1, jsonb_build_object('i', $2::int), dedup_key => $3, dedup_for => '1 hour')",
+                &[&q, &(i as i32), &key],
+            )
+            .unwrap()
+            .get(0);
+        ids.push(id);
+        if let Some(key) = key {
+            keys.insert(id, key);
+        }
+    }
+    let (ids, keys) = (Arc::new(ids), Arc::new(keys));
+
+    // A clock of events: a claim takes its tick before it starts, a cancel after it returns.
+    let clock = Arc::new(AtomicU64::new(0));
+    let claims = Arc::new(Mutex::new(Vec::<(i64, u64)>::new()));
+    let cancels = Arc::new(Mutex::new(HashMap::<i64, u64>::new()));
+    let done = Arc::new(AtomicBool::new(false));
+
+    let consumers: Vec<_> = (0..CONSUMERS)
+        .map(|me| {
+            let (q, clock, claims, done) = (q.clone(), clock.clone(), claims.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut c = crate::common::connect();
+                let mut rng = Rng::new(seed, me);
+                let mut to_ack: (Vec<i64>, Vec<Uuid>) = (vec![], vec![]);
+                while !done.load(Ordering::SeqCst) {
+                    let qty = rng.range(1, 4) as i32;
+                    let tick = clock.fetch_add(1, Ordering::SeqCst);
+                    let rows = if rng.chance(50) {
+                        let acks = std::mem::take(&mut to_ack);
+                        c.query(
+                            "SELECT msg_id, claim_token FROM pgqueue.pgq_ack_claim($1, $2, $3, qty => $4)",
+                            &[&q, &acks.0, &acks.1, &qty],
+                        )
+                    } else {
+                        c.query("SELECT msg_id, claim_token FROM pgqueue.pgq_claim($1, $2)", &[&q, &qty])
+                    }
+                    .unwrap();
+                    if rows.is_empty() {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    for r in &rows {
+                        let (id, token): (i64, Uuid) = (r.get(0), r.get(1));
+                        claims.lock().unwrap().push((id, tick));
+                        if rng.chance(30) {
+                            renew(&mut c, id, token); // false: cancelled (or lost); the finish below is fenced
+                        }
+                        match rng.below(100) {
+                            0..=39 => {
+                                to_ack.0.push(id);
+                                to_ack.1.push(token);
+                            }
+                            40..=59 => {
+                                c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0')", &[&id, &token]).unwrap();
+                            }
+                            60..=69 => {
+                                c.execute("SELECT pgqueue.pgq_fail($1, $2)", &[&id, &token]).unwrap();
+                            }
+                            70..=89 => {
+                                c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap();
+                            }
+                            _ => {} // abandoned: its lease ends
+                        }
+                    }
+                }
+                c.execute("SELECT pgqueue.pgq_ack($1::bigint[], $2::uuid[])", &[&to_ack.0, &to_ack.1]).unwrap();
+            })
+        })
+        .collect();
+    let cancellers: Vec<_> = (0..CANCELLERS)
+        .map(|me| {
+            let (ids, keys, q, clock, cancels, done) =
+                (ids.clone(), keys.clone(), q.clone(), clock.clone(), cancels.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut c = crate::common::connect();
+                let mut rng = Rng::new(seed, 100 + me);
+                // About one message in five is cancelled, spread over the run.
+                for _ in 0..MESSAGES / 5 / CANCELLERS as usize / 2 {
+                    if done.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let picked: Vec<i64> =
+                        (0..rng.range(1, 3)).map(|_| ids[rng.below(MESSAGES as u64) as usize]).collect();
+                    let got: Vec<(i64, u64)> = if rng.chance(25) && keys.contains_key(&picked[0]) {
+                        let cancelled: bool = c
+                            .query_one("SELECT pgqueue.pgq_cancel_key($1, $2)", &[&q, &keys[&picked[0]]])
+                            .unwrap()
+                            .get(0);
+                        let tick = clock.fetch_add(1, Ordering::SeqCst);
+                        if cancelled { vec![(picked[0], tick)] } else { vec![] }
+                    } else {
+                        let got = cancel(&mut c, &picked, Some("racing"));
+                        let tick = clock.fetch_add(1, Ordering::SeqCst);
+                        got.into_iter().map(|id| (id, tick)).collect()
+                    };
+                    let mut cancels = cancels.lock().unwrap();
+                    for (id, tick) in got {
+                        assert!(cancels.insert(id, tick).is_none(), "message {id} cancelled twice");
+                    }
+                    drop(cancels);
+                    std::thread::sleep(Duration::from_millis(rng.range(1, 10)));
+                }
+            })
+        })
+        .collect();
+    let rearmer = {
+        let (q, done) = (q.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut c = crate::common::connect();
+            while !done.load(Ordering::SeqCst) {
+                c.execute("SELECT pgqueue.pgq_rearm(queue => $1)", &[&q]).unwrap();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+
+    // Until every message has finished (abandoned leases end within a second of the last).
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let left: i64 = c.query_one("SELECT count(*) FROM pgqueue.messages WHERE queue = $1", &[&q]).unwrap().get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{left} messages never finished (seed {seed})");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for t in cancellers {
+        t.join().unwrap();
+    }
+    done.store(true, Ordering::SeqCst);
+    for t in consumers.into_iter().chain([rearmer]) {
+        t.join().unwrap();
+    }
+
+    let finished: HashMap<i64, (String, i64)> = c
+        .query("SELECT msg_id, min(outcome), count(*) FROM pgqueue.history WHERE queue = $1 GROUP BY msg_id", &[&q])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect();
+    assert_eq!(finished.len(), MESSAGES, "every message finished (seed {seed})");
+    let cancels = cancels.lock().unwrap();
+    for (id, (outcome, n)) in &finished {
+        assert_eq!(*n, 1, "message {id} finished once (seed {seed})");
+        assert_eq!(
+            outcome == "cancelled",
+            cancels.contains_key(id),
+            "message {id}: {outcome}, and a cancel returned it: {} (seed {seed})",
+            cancels.contains_key(id)
+        );
+    }
+    for (id, tick) in claims.lock().unwrap().iter() {
+        if let Some(cancelled) = cancels.get(id) {
+            assert!(tick < cancelled, "message {id} claimed after its cancel returned (seed {seed})");
+        }
+    }
+    let kept: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pgqueue.dedup_keys d JOIN pgqueue.history h USING (msg_id)
+              WHERE d.queue = $1 AND h.outcome = 'cancelled'",
+            &[&q],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 0, "a cancelled message's key is free (seed {seed})");
+    let outcomes: Vec<(String, i64)> = c
+        .query("SELECT outcome, count(*) FROM pgqueue.history WHERE queue = $1 GROUP BY 1 ORDER BY 1", &[&q])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    eprintln!("cancel race (seed {seed}): {outcomes:?}, {} cancels", cancels.len());
+    assert!(outcomes.len() == 3, "completed, dead and cancelled all happened: {outcomes:?}");
+}
