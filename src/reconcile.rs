@@ -280,7 +280,7 @@ fn lock_history(queue: &str) -> bool {
         pg_sys::RangeVarGetRelidExtended(
             relation,
             pg_sys::AccessShareLock as pg_sys::LOCKMODE,
-            pg_sys::RVROption::RVR_MISSING_OK as u32,
+            pg_sys::RVROption::RVR_MISSING_OK,
             None,
             std::ptr::null_mut(),
         )
