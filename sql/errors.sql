@@ -151,7 +151,6 @@ BEGIN
 END
 $$;
 
--- 54000: a payload larger than pgqueue.max_payload_bytes (jsonb size, pg_column_size).
 -- A list of msg_ids: not NULL, one-dimensional, no NULL in it (22004, 22023).
 CREATE FUNCTION pgqueue._check_ids(msg_ids bigint[], argument text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -166,6 +165,7 @@ BEGIN
 END
 $$;
 
+-- 54000: a payload larger than pgqueue.max_payload_bytes (jsonb size, pg_column_size).
 CREATE FUNCTION pgqueue._check_payload_size(size integer) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE

@@ -4,7 +4,7 @@
 -- A claimed message whose cancel was requested (cancel_requested_at) is never retried:
 -- whatever finishes it (ack, nack, fail, lease end) records it as cancelled.
 
--- Moves messages out of the hot table into their queue's history, as completed or dead, in
+-- Moves messages out of the hot table into their queue's history (completed, dead, cancelled), in
 -- one statement (src/finish.rs, which pgq_ack_claim runs too). With claim_tokens, only the
 -- claims still held under those tokens move (the fence); without (NULL), the given messages
 -- move. Returns the ids that moved.
@@ -118,8 +118,9 @@ $$;
 -- Cancels messages: a waiting (ready or delayed) one moves to history as cancelled at once;
 -- a claimed one is marked (cancel_requested_at, and the reason as its last_error): its
 -- holder's renewals leave it out from then on, which tells the holder to stop, and whatever
--- finishes it (ack, nack, fail, lease end) records it as cancelled. Either way its unique key is free once it is cancelled. Returns the ids cancelled or marked; one
--- finished, unknown, of another queue, or already marked is left out (nothing changed).
+-- finishes it (ack, nack, fail, lease end) records it as cancelled. Either way its unique key
+-- is free once it is cancelled. Returns the ids cancelled or marked; one finished, unknown, of
+-- another queue, or already marked is left out (nothing changed).
 CREATE FUNCTION pgqueue.pgq_cancel(msg_ids bigint[], reason text DEFAULT NULL, queue text DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

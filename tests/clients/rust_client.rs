@@ -311,7 +311,7 @@ fn renewals_keep_a_long_job_past_its_lease() {
 }
 
 /// A job cancelled while its handler runs: the next renewal cancels the handler's
-/// `msg.stop`, the handler returns, and the worker records the cancel (`pgq_fail`); the
+/// `msg.stop`, the handler returns, and its finish records the cancel; the
 /// unique key stays held until then and is free after.
 #[test]
 fn a_cancelled_job_stops_its_handler_and_frees_its_key() {

@@ -132,9 +132,9 @@ pub struct Message {
     pub lease_expires_at: SystemTime,
     /// Cancelled when the handler should stop: a renewal found the claim no longer held,
     /// because its cancel was requested (`pgq_cancel`) or it was lost. Check `is_cancelled()`
-    /// between steps, or `select!` on `cancelled()`. Whatever the handler returns then, the
-    /// worker finishes the message with `pgq_fail`, which records a requested cancel as
-    /// `cancelled` (and changes nothing for a lost claim).
+    /// between steps, or `select!` on `cancelled()`. The worker finishes the message as the
+    /// handler returned; the server records a requested cancel as `cancelled` whatever the
+    /// call (and changes nothing for a lost claim).
     pub stop: CancellationToken,
 }
 
@@ -499,8 +499,6 @@ async fn process<H, F>(
 
     let op = match outcome {
         None => Op::Nack { retry_in: Some(Duration::ZERO), error: "worker stopped before the handler finished".into() },
-        // Told to stop: a requested cancel is recorded as such; a lost claim is fenced.
-        Some(_) if stop.is_cancelled() => Op::Fail { error: "the handler was told to stop".into() },
         Some(Ok(Ok(()))) => Op::Ack,
         Some(Ok(Err(HandlerError::Retry { error, retry_in }))) => Op::Nack { retry_in, error },
         Some(Ok(Err(HandlerError::Permanent { error }))) => Op::Fail { error },

@@ -350,7 +350,6 @@ class AsyncWorker:
         if held.state != "running":
             return
         held.state = "finishing"
-        outcome, error = held.finish_with(outcome, error)
         try:
             await self._call_until_done(held, outcome, error)
         finally:

@@ -29,8 +29,8 @@ class Message:
     stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     """Set when the handler should stop: a renewal found the claim no longer held, because its
     cancel was requested (`pgq_cancel`) or it was lost. Check `stop.is_set()` between steps and
-    return; whatever the handler returns then, the worker finishes the message with `pgq_fail`,
-    which records a requested cancel as `cancelled` (and changes nothing for a lost claim)."""
+    return; the worker finishes the message as the handler returned, and the server records a
+    requested cancel as `cancelled` whatever the call (and changes nothing for a lost claim)."""
 
 
 def interval(value: Seconds | None, name: str) -> timedelta | None:

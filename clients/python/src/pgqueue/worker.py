@@ -210,11 +210,6 @@ class Held:
         self.lost = True
         self.message.stop.set()
 
-    def finish_with(self, outcome: str, error: str | None) -> tuple[str, str | None]:
-        """The call that finishes the message once its handler returned: pgq_fail for a handler
-        told to stop (the server records a requested cancel as cancelled; a lost claim is fenced)."""
-        return ("fail", "the handler was told to stop") if self.lost else (outcome, error)
-
 
 def wait_unsupported(exc: psycopg.Error) -> bool:
     """The server cannot wait for messages: not in this transaction isolation (0A000), or a
@@ -476,7 +471,7 @@ class Worker:
                 error = error_text(exc)
                 outcome = "fail" if isinstance(exc, self.settings.non_retryable) else "nack"
                 log.info("message %d (attempt %d) failed: %s", held.message.msg_id, held.message.attempt, error)
-            self._finish(held, *held.finish_with(outcome, error))
+            self._finish(held, outcome, error)
 
     def _finish(self, held: Held, outcome: str, error: str | None) -> None:
         with self._changed:
