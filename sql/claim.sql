@@ -79,7 +79,8 @@ AS 'MODULE_PATHNAME', 'pgq_claim_wrapper';
 -- a row of kind 'not_acked' with only its msg_id, before the claimed messages (kind
 -- 'claimed'). The acks commit with the call, and their report must not come late: a call
 -- with something to ack does not wait for messages; the consumer's next call, with nothing
--- to ack, does. Rust, as pgq_claim.
+-- to ack, does. ack_results (beside ack_msg_ids; NULL: none): what each message acked keeps,
+-- as pgq_ack's results. Rust, as pgq_claim.
 CREATE FUNCTION pgqueue.pgq_ack_claim(
     queue text,
     ack_msg_ids bigint[],
@@ -88,7 +89,8 @@ CREATE FUNCTION pgqueue.pgq_ack_claim(
     lease interval DEFAULT NULL,
     consumer text DEFAULT NULL,
     session_bound boolean DEFAULT false,
-    wait interval DEFAULT '0'
+    wait interval DEFAULT '0',
+    ack_results jsonb[] DEFAULT NULL
 ) RETURNS TABLE (
     kind text,
     msg_id bigint,
@@ -102,15 +104,16 @@ CREATE FUNCTION pgqueue.pgq_ack_claim(
 )
 LANGUAGE c VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_indexscan = on SET enable_bitmapscan = off SET enable_sort = off SET jit = off
-AS 'MODULE_PATHNAME', 'pgq_ack_claim_wrapper';
+AS 'MODULE_PATHNAME', 'pgq_ack_claim_reporting_wrapper';
 
 -- Extends the leases of the claims still held; returns the ids whose lease was extended.
 -- An id missing from the result has lost its claim (re-armed, re-claimed, finished, its
 -- cancel requested, or never existed): its holder must stop working on it.
 -- With a queue (the last argument, as for pgq_ack): the queue must exist, and only its
--- messages are renewed.
+-- messages are renewed. progress (beside msg_ids; NULL: unchanged): what each holder reports,
+-- kept with its message (pgq_result, pgqueue.jobs) until the next report.
 CREATE FUNCTION pgqueue.pgq_renew(msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL,
-                                  queue text DEFAULT NULL)
+                                  queue text DEFAULT NULL, progress jsonb[] DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
@@ -120,13 +123,17 @@ BEGIN
     END IF;
     PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
     PERFORM pgqueue._check_lease(lease);
-    -- Only the lease changes, and it is in no index: a HOT update.
+    IF progress IS NOT NULL THEN
+        PERFORM pgqueue._check_reports(progress, pg_catalog.cardinality(msg_ids), 'progress');
+    END IF;
+    -- Only the lease and the progress change, and neither is in an index: a HOT update.
     -- The re-arm pass learns the earliest new lease end at commit (a lease may get shorter).
     RETURN QUERY
     WITH renewed AS (
         UPDATE pgqueue.messages m
-           SET lease_expires_at = now() + coalesce(lease, q.lease)
-          FROM unnest(msg_ids, claim_tokens) AS held(id, token), pgqueue.queues q
+           SET lease_expires_at = now() + coalesce(lease, q.lease),
+               progress = coalesce(held.progress, m.progress)
+          FROM unnest(msg_ids, claim_tokens, progress) AS held(id, token, progress), pgqueue.queues q
          WHERE m.msg_id = held.id AND m.claim_token = held.token AND m.state = 'claimed'
            AND m.cancel_requested_at IS NULL
            AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
@@ -139,7 +146,7 @@ END
 $$;
 
 CREATE FUNCTION pgqueue.pgq_renew(msg_id bigint, claim_token uuid, lease interval DEFAULT NULL,
-                                  queue text DEFAULT NULL)
+                                  queue text DEFAULT NULL, progress jsonb DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
@@ -149,6 +156,7 @@ BEGIN
     END IF;
     RETURN EXISTS (
         SELECT FROM pgqueue.pgq_renew(ARRAY[pgqueue._require(msg_id, 'msg_id')],
-                                      ARRAY[pgqueue._require(claim_token, 'claim_token')], lease, queue));
+                                      ARRAY[pgqueue._require(claim_token, 'claim_token')], lease, queue,
+                                      CASE WHEN progress IS NOT NULL THEN ARRAY[progress] END));
 END
 $$;

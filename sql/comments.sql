@@ -20,12 +20,14 @@ COMMENT ON FUNCTION pgqueue.pgq_send_batch(text, jsonb[], interval, smallint, js
 -- Claiming and finishing
 COMMENT ON FUNCTION pgqueue.pgq_claim(text, integer, interval, text, boolean, interval) IS
     'claim up to qty messages with a lease, highest priority first; can wait for messages to arrive';
-COMMENT ON FUNCTION pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval) IS
+COMMENT ON FUNCTION pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval, jsonb[]) IS
     'ack finished claims and claim the next messages in one statement: a consumer''s round trip';
-COMMENT ON FUNCTION pgqueue.pgq_ack(bigint, uuid, text) IS
-    'complete a claimed message (of queue, if given); false if the claim was lost';
-COMMENT ON FUNCTION pgqueue.pgq_ack(bigint[], uuid[], text) IS
-    'complete claimed messages (of queue, if given); returns the ids completed';
+COMMENT ON FUNCTION pgqueue.pgq_ack(bigint, uuid, text, jsonb) IS
+    'complete a claimed message (of queue, if given), keeping its result; false if the claim was lost';
+COMMENT ON FUNCTION pgqueue.pgq_ack(bigint[], uuid[], text, jsonb[]) IS
+    'complete claimed messages (of queue, if given), keeping their results; returns the ids completed';
+COMMENT ON FUNCTION pgqueue.pgq_result(bigint, interval, text) IS
+    'a message''s state, progress, and once finished its outcome, result and error; waits for it to finish with wait';
 COMMENT ON FUNCTION pgqueue.pgq_nack(bigint, uuid, interval, text, text) IS
     'give a claimed message (of queue, if given) back for a retry later, or dead-letter it on its last attempt';
 COMMENT ON FUNCTION pgqueue.pgq_fail(bigint, uuid, text, text) IS
@@ -36,10 +38,10 @@ COMMENT ON FUNCTION pgqueue.pgq_cancel(bigint, text, text) IS
     'cancel a message: at once if waiting, when its holder stops if claimed; false if nothing changed';
 COMMENT ON FUNCTION pgqueue.pgq_cancel_key(text, text, text) IS
     'cancel the message that holds a queue''s unique key, as pgq_cancel; false if none holds it';
-COMMENT ON FUNCTION pgqueue.pgq_renew(bigint, uuid, interval, text) IS
-    'extend the lease of a claim still held (on a message of queue, if given); false if the claim was lost';
-COMMENT ON FUNCTION pgqueue.pgq_renew(bigint[], uuid[], interval, text) IS
-    'extend the leases of claims still held (on messages of queue, if given); returns their ids';
+COMMENT ON FUNCTION pgqueue.pgq_renew(bigint, uuid, interval, text, jsonb) IS
+    'extend the lease of a claim still held (on a message of queue, if given), storing its progress; false if the claim was lost';
+COMMENT ON FUNCTION pgqueue.pgq_renew(bigint[], uuid[], interval, text, jsonb[]) IS
+    'extend the leases of claims still held (on messages of queue, if given), storing their progress; returns their ids';
 COMMENT ON FUNCTION pgqueue.pgq_redrive(text, bigint[]) IS
     'make a queue''s dead letters claimable again with a fresh attempt count; returns how many';
 COMMENT ON FUNCTION pgqueue.pgq_delete_dead(text, bigint[]) IS

@@ -204,6 +204,31 @@ BEGIN
 END
 $$;
 
+-- Results and progress beside a list of n msg_ids: NULL (none), or a one-dimensional array
+-- of n values, each NULL or at most pgqueue.max_payload_bytes (22023, 54000).
+CREATE FUNCTION pgqueue._check_reports(reports jsonb[], n integer, argument text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    largest integer;
+BEGIN
+    IF reports IS NULL THEN
+        RETURN;
+    END IF;
+    IF pg_catalog.array_ndims(reports) > 1 THEN
+        PERFORM pgqueue._invalid(argument, 'a one-dimensional array is expected');
+    END IF;
+    IF pg_catalog.cardinality(reports) <> n THEN
+        PERFORM pgqueue._invalid(argument, pg_catalog.format('%s values for %s ids', pg_catalog.cardinality(reports), n));
+    END IF;
+    SELECT max(pg_catalog.pg_column_size(r)) INTO largest FROM unnest(reports) r;
+    IF largest > pgqueue._max_payload_bytes() THEN
+        RAISE EXCEPTION 'pgqueue: a value of % of % bytes is larger than pgqueue.max_payload_bytes (%)',
+                        argument, largest, pgqueue._max_payload_bytes()
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+END
+$$;
+
 -- Unique jobs: a key of 1 to 512 characters (NULL: none) and how long it stays taken after
 -- the message finishes: 0 to 365 days.
 CREATE FUNCTION pgqueue._check_dedup(dedup_key text, dedup_for interval, argument text DEFAULT 'dedup_key')

@@ -18,11 +18,20 @@ CREATE FUNCTION pgqueue._to_history(msg_ids bigint[], claim_tokens uuid[], outco
 RETURNS SETOF bigint
 LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', '_to_history_in_wrapper';
 
+-- The same, with results (beside msg_ids; NULL: none): what each completed message keeps.
+CREATE FUNCTION pgqueue._to_history(msg_ids bigint[], claim_tokens uuid[], outcome text, error text, queue text,
+                                    results jsonb[])
+RETURNS SETOF bigint
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', '_to_history_with_wrapper';
+
 -- Every finishing function takes the message's queue as its last argument (default NULL: any
 -- queue). Given, the queue must exist (42704) and only its messages are acted on. A call that
 -- names its queue can be routed to where the queue lives (docs/design/citus.md).
 
-CREATE FUNCTION pgqueue.pgq_ack(msg_ids bigint[], claim_tokens uuid[], queue text DEFAULT NULL)
+-- results: what each message completed keeps (beside msg_ids; NULL: none), which
+-- pgq_result returns.
+CREATE FUNCTION pgqueue.pgq_ack(msg_ids bigint[], claim_tokens uuid[], queue text DEFAULT NULL,
+                                results jsonb[] DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
@@ -31,11 +40,15 @@ BEGIN
         PERFORM pgqueue._queue(queue);
     END IF;
     PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
-    RETURN QUERY SELECT pgqueue._to_history(msg_ids, claim_tokens, 'completed', NULL, queue);
+    IF results IS NOT NULL THEN
+        PERFORM pgqueue._check_reports(results, pg_catalog.cardinality(msg_ids), 'results');
+    END IF;
+    RETURN QUERY SELECT pgqueue._to_history(msg_ids, claim_tokens, 'completed', NULL, queue, results);
 END
 $$;
 
-CREATE FUNCTION pgqueue.pgq_ack(msg_id bigint, claim_token uuid, queue text DEFAULT NULL) RETURNS boolean
+CREATE FUNCTION pgqueue.pgq_ack(msg_id bigint, claim_token uuid, queue text DEFAULT NULL, result jsonb DEFAULT NULL)
+RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
 BEGIN
@@ -46,7 +59,12 @@ BEGIN
         PERFORM pgqueue._require(msg_id, 'msg_id');
         PERFORM pgqueue._require(claim_token, 'claim_token');
     END IF;
-    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'completed', NULL, queue));
+    IF result IS NULL THEN
+        RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'completed', NULL, queue));
+    END IF;
+    PERFORM pgqueue._check_reports(ARRAY[result], 1, 'result');
+    RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'completed', NULL, queue,
+                                                   ARRAY[result]));
 END
 $$;
 
@@ -287,8 +305,8 @@ BEGIN
 END
 $$;
 
--- Dead letters back to claimable with a fresh attempt count: all of the queue's, or the
--- given ids. Returns how many came back.
+-- Dead letters back to claimable with a fresh attempt count (and their progress): all of the
+-- queue's, or the given ids. Returns how many came back.
 CREATE FUNCTION pgqueue.pgq_redrive(queue text, msg_ids bigint[] DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
@@ -300,12 +318,13 @@ BEGIN
         DELETE FROM pgqueue.history h
          WHERE h.queue = q.queue AND h.outcome = 'dead'
            AND (msg_ids IS NULL OR h.msg_id = ANY (msg_ids))
-        RETURNING h.msg_id, h.priority, h.payload, h.headers, h.enqueued_at, h.last_error
+        RETURNING h.msg_id, h.priority, h.payload, h.headers, h.enqueued_at, h.last_error, h.progress
     )
     , again AS (
-        INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, enqueued_at, last_error)
+        INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, enqueued_at, last_error,
+                                      progress)
         OVERRIDING SYSTEM VALUE
-        SELECT b.msg_id, q.queue, 'ready', b.priority, b.payload, b.headers, b.enqueued_at, b.last_error
+        SELECT b.msg_id, q.queue, 'ready', b.priority, b.payload, b.headers, b.enqueued_at, b.last_error, b.progress
           FROM back b
         RETURNING messages.msg_id, messages.priority
     )
@@ -314,5 +333,54 @@ BEGIN
                                                 min(a.msg_id), max(a.msg_id))
               FROM again a GROUP BY a.priority) r;
     RETURN moved;
+END
+$$;
+
+-- Waits until the message is neither waiting nor claimed (finished or unknown), or for wait;
+-- woken at the commit that finishes it (src/outcome_wait.rs). True if it is.
+CREATE FUNCTION pgqueue._await_outcome(msg_id bigint, wait interval, queue text) RETURNS boolean
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', '_await_outcome_wrapper';
+
+-- A message's state and what it reported: its progress while waiting or claimed (the latest
+-- its holders stored with pgq_renew), and once finished (finished_at set) its outcome as
+-- state, its result (pgq_ack) and last error. No row: no such message (of queue, if given),
+-- or its history was pruned. With wait, a message not finished yet is waited for, until the
+-- commit that finishes it or for at most wait; then the row is read as it is (state still
+-- 'ready', 'delayed' or 'claimed' when wait ran out).
+CREATE FUNCTION pgqueue.pgq_result(msg_id bigint, wait interval DEFAULT '0', queue text DEFAULT NULL)
+RETURNS TABLE (
+    state text,
+    attempt integer,
+    result jsonb,
+    progress jsonb,
+    last_error text,
+    enqueued_at timestamptz,
+    finished_at timestamptz
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
+    PERFORM pgqueue._require(msg_id, 'msg_id');
+    IF pgqueue._require(wait, 'wait') < interval '0' OR wait > interval '1 minute' THEN
+        PERFORM pgqueue._invalid('wait', pg_catalog.format('%s is not between 0 and 1 minute', wait));
+    END IF;
+    IF wait > interval '0' THEN
+        IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'pgqueue: pgq_result can wait only in a READ COMMITTED transaction'
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'In REPEATABLE READ or SERIALIZABLE nothing committed after the transaction began becomes visible: call it with wait => ''0''.';
+        END IF;
+        PERFORM pgqueue._await_outcome(msg_id, wait, queue);
+    END IF;
+    RETURN QUERY
+    SELECT m.state, m.attempt, NULL::jsonb, m.progress, m.last_error, m.enqueued_at, NULL::timestamptz
+      FROM pgqueue.messages m WHERE m.msg_id = msg_id AND (queue IS NULL OR m.queue = queue)
+     UNION ALL
+    SELECT h.outcome, h.attempt, h.result, h.progress, h.last_error, h.enqueued_at, h.finished_at
+      FROM pgqueue.history h WHERE h.msg_id = msg_id AND (queue IS NULL OR h.queue = queue)
+     LIMIT 1;
 END
 $$;

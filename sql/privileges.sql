@@ -10,18 +10,20 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_send_batch(text, jsonb[], interval, smallint, jsonb, text[], interval),
     pgqueue.pgq_cancel(bigint[], text, text),
     pgqueue.pgq_cancel(bigint, text, text),
-    pgqueue.pgq_cancel_key(text, text, text)
+    pgqueue.pgq_cancel_key(text, text, text),
+    pgqueue.pgq_result(bigint, interval, text)
 TO pgqueue_producer;
 
 GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_claim(text, integer, interval, text, boolean, interval),
-    pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval),
-    pgqueue.pgq_renew(bigint, uuid, interval, text),
-    pgqueue.pgq_renew(bigint[], uuid[], interval, text),
-    pgqueue.pgq_ack(bigint, uuid, text),
-    pgqueue.pgq_ack(bigint[], uuid[], text),
+    pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval, jsonb[]),
+    pgqueue.pgq_renew(bigint, uuid, interval, text, jsonb),
+    pgqueue.pgq_renew(bigint[], uuid[], interval, text, jsonb[]),
+    pgqueue.pgq_ack(bigint, uuid, text, jsonb),
+    pgqueue.pgq_ack(bigint[], uuid[], text, jsonb[]),
     pgqueue.pgq_nack(bigint, uuid, interval, text, text),
-    pgqueue.pgq_fail(bigint, uuid, text, text)
+    pgqueue.pgq_fail(bigint, uuid, text, text),
+    pgqueue.pgq_result(bigint, interval, text)
 TO pgqueue_consumer;
 
 GRANT pgqueue_producer, pgqueue_consumer TO pgqueue_admin;

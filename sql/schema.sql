@@ -47,6 +47,7 @@ CREATE TABLE pgqueue.messages (
     session_started  timestamptz,  -- ... and its start time (pids are reused)
     dedup_key        text,         -- unique jobs: the key this message holds (pgqueue.dedup_keys)
     cancel_requested_at timestamptz, -- pgq_cancel of a claimed message: its holder is to stop
+    progress         jsonb,        -- what its holders reported with their renewals (the latest)
     CONSTRAINT messages_session_only_when_claimed CHECK (session_pid IS NULL OR state = 'claimed'),
     CONSTRAINT messages_cancel_only_when_claimed CHECK (cancel_requested_at IS NULL OR state = 'claimed'),
     CONSTRAINT messages_delayed_has_due_time CHECK ((state = 'delayed') = (visible_at IS NOT NULL)),
@@ -129,7 +130,9 @@ CREATE TABLE pgqueue.history (
     headers     jsonb,
     enqueued_at timestamptz NOT NULL,
     finished_at timestamptz NOT NULL DEFAULT now(),
-    last_error  text
+    last_error  text,
+    result      jsonb,  -- what the ack that completed it stored
+    progress    jsonb   -- the message's last progress
 ) PARTITION BY LIST (queue);
 
 -- Per-queue counts by minute, for charts (the console, exporters, SQL): what commits sent,

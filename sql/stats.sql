@@ -26,11 +26,12 @@ SELECT q.queue,
 -- who can read this view cannot act for a consumer.
 CREATE VIEW pgqueue.jobs AS
 SELECT m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at, m.visible_at,
-       m.claimed_at, m.consumer, m.lease_expires_at, NULL::timestamptz AS finished_at, m.last_error, m.dedup_key
+       m.claimed_at, m.consumer, m.lease_expires_at, NULL::timestamptz AS finished_at, m.last_error, m.dedup_key,
+       m.progress, NULL::jsonb AS result
   FROM pgqueue.messages m
  UNION ALL
 SELECT h.msg_id, h.queue, h.outcome, h.priority, h.attempt, h.payload, h.headers, h.enqueued_at, NULL, NULL,
-       NULL, NULL, h.finished_at, h.last_error, NULL
+       NULL, NULL, h.finished_at, h.last_error, NULL, h.progress, h.result
   FROM pgqueue.history h;
 
 -- The worker's counters in this database (monotonic; see the README for what to alert on).

@@ -9,7 +9,8 @@ use crate::queue_state::{self, Key, State};
 use crate::statement::Statement;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::{
-    self, BOOLOID, INT2OID, INT4OID, INT8ARRAYOID, INT8OID, INTERVALOID, TEXTOID, TIMESTAMPTZOID, UUIDARRAYOID,
+    self, BOOLOID, INT2OID, INT4OID, INT8ARRAYOID, INT8OID, INTERVALOID, JSONBARRAYOID, TEXTOID, TIMESTAMPTZOID,
+    UUIDARRAYOID,
 };
 use pgrx::pgrx_sql_entity_graph::metadata::{
     ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
@@ -249,13 +250,13 @@ static CHECK_ACKS: Statement = Statement {
 const DAY_US: i128 = 86_400_000_000;
 
 /// What a claim was asked for (pgq_claim's arguments).
-struct Ask<'a> {
-    queue: Option<&'a str>,
-    qty: Option<i32>,
-    lease: Option<Interval>,
-    consumer: Option<&'a str>,
-    session_bound: Option<bool>,
-    wait: Option<Interval>,
+pub struct Ask<'a> {
+    pub queue: Option<&'a str>,
+    pub qty: Option<i32>,
+    pub lease: Option<Interval>,
+    pub consumer: Option<&'a str>,
+    pub session_bound: Option<bool>,
+    pub wait: Option<Interval>,
 }
 
 /// The queue's lease and whether it is paused; raises the queue's error if there is none.
@@ -469,10 +470,23 @@ fn pgq_claim(
     TableIterator::new(Spi::connect_mut(|_| claim(&ask, outer)))
 }
 
-/// pgq_ack_claim (sql/claim.sql declares it).
+/// The rows pgq_ack_claim returns.
+pub type AckClaimRow = (
+    &'static str,
+    Option<i64>,
+    Option<Uuid>,
+    Option<i32>,
+    Option<i16>,
+    Option<Jsonb>,
+    Option<Jsonb>,
+    Option<TimestampWithTimeZone>,
+    Option<TimestampWithTimeZone>,
+);
+
+/// pgq_ack_claim (sql/claim.sql declares it), with the results its acks keep.
 #[pg_extern(sql = false)]
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
-fn pgq_ack_claim(
+fn pgq_ack_claim_reporting(
     queue: Option<&str>,
     ack_msg_ids: Option<AnyArray>,
     ack_claim_tokens: Option<AnyArray>,
@@ -481,6 +495,7 @@ fn pgq_ack_claim(
     consumer: Option<&str>,
     session_bound: Option<bool>,
     wait: Option<Interval>,
+    ack_results: Option<AnyArray>,
 ) -> TableIterator<
     'static,
     (
@@ -495,10 +510,20 @@ fn pgq_ack_claim(
         name!(lease_expires_at, Option<TimestampWithTimeZone>),
     ),
 > {
-    // SAFETY: as in pgq_claim.
+    let acks = [ack_msg_ids, ack_claim_tokens, ack_results].map(|a| a.map(|a| a.datum()));
+    let ask = Ask { queue, qty, lease, consumer, session_bound, wait };
+    TableIterator::new(ack_claim(acks, ask))
+}
+
+static CHECK_RESULTS: Statement =
+    Statement { sql: c"SELECT pgqueue._check_reports($1, $2, 'ack_results')", args: &[JSONBARRAYOID, INT4OID] };
+
+/// Acks (`acks`: msg_ids, claim tokens, results or NULL), then claims as `ask` says.
+pub fn ack_claim(acks: [Option<pg_sys::Datum>; 3], mut ask: Ask) -> Vec<AckClaimRow> {
+    // SAFETY: the context the rows returned must live in (this call's, for every row).
     let outer = unsafe { pg_sys::CurrentMemoryContext };
-    let (ids, tokens) = (ack_msg_ids.map(|a| a.datum()), ack_claim_tokens.map(|a| a.datum()));
-    let rows = Spi::connect_mut(|_| {
+    let [ids, tokens, results] = acks;
+    Spi::connect_mut(|_| {
         let n = match ack_pairs(ids, tokens) {
             Some(n) => n,
             None => {
@@ -507,10 +532,12 @@ fn pgq_ack_claim(
                 ack_pairs_checked(ids)
             }
         };
+        if results.is_some() {
+            CHECK_RESULTS.run(&[results, i32::try_from(n).ok().into_datum()]);
+        }
         let mut rows = vec![];
-        let mut wait = wait;
         if n > 0 {
-            let acked = crate::finish::to_history(ids, tokens, Some("completed"), None, None);
+            let acked = crate::finish::to_history(ids, tokens, Some("completed"), None, None, results);
             if acked.len() < n {
                 // SAFETY: a bigint[] argument, checked above.
                 let all = unsafe { Array::<i64>::from_datum(ids.expect("checked"), false) }.expect("checked");
@@ -523,12 +550,11 @@ fn pgq_ack_claim(
             }
             // The acks commit with the call, and their report must not come late: a call
             // with something to ack does not wait for messages.
-            if wait.is_none_or(|w| w.as_micros() != 0) {
-                CHECK_WAIT.run(&[wait.into_datum()]);
-                wait = Some(Interval::from_micros(0));
+            if ask.wait.is_none_or(|w| w.as_micros() != 0) {
+                CHECK_WAIT.run(&[ask.wait.into_datum()]);
+                ask.wait = Some(Interval::from_micros(0));
             }
         }
-        let ask = Ask { queue, qty, lease, consumer, session_bound, wait };
         rows.extend(claim(&ask, outer).into_iter().map(
             |(id, token, attempt, priority, payload, headers, at, until)| {
                 (
@@ -545,8 +571,7 @@ fn pgq_ack_claim(
             },
         ));
         rows
-    });
-    TableIterator::new(rows)
+    })
 }
 
 /// The number of ack pairs, once _check_pairs has passed them.

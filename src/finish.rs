@@ -1,37 +1,46 @@
 //! Finishing messages: the one statement that moves them out of the hot table into their
 //! queue's history (`pgqueue._to_history`, which ack, nack, fail and pgq_ack_claim use).
 
+use crate::outcome_wait;
 use crate::statement::Statement;
 use pgrx::AnyArray;
-use pgrx::pg_sys::{self, INT8ARRAYOID, TEXTOID, UUIDARRAYOID};
+use pgrx::pg_sys::{self, INT8ARRAYOID, JSONBARRAYOID, TEXTOID, UUIDARRAYOID};
 use pgrx::prelude::*;
 use std::ffi::CStr;
 
 /// With claim tokens, only the claims still held under them move (the fence); without
 /// (NULL), the given messages move. With a queue ($5), only that queue's messages move (a
-/// message of another queue is left, as a stale token is). A message whose cancel was
-/// requested (`$cancelling`) leaves as cancelled whatever finished it (ack, nack, fail, lease
-/// end), keeping the cancel's reason as its error, so that rule lives here only. Unique jobs:
-/// a finished message's key is free again, or kept for its hold (a cancelled one's is free at
-/// once). Announces what left each state (pgqueue._note, applied at commit).
+/// message of another queue is left, as a stale token is). Results ($6, jsonb[] beside the
+/// ids, or NULL) are kept with the completed ones. A message whose cancel was requested
+/// (`$cancelling`) leaves as cancelled whatever finished it (ack, nack, fail, lease end),
+/// keeping the cancel's reason as its error and no result, so that rule lives here only.
+/// Unique jobs: a finished message's key is free again, or kept for its hold (a cancelled
+/// one's is free at once). Announces what left each state (pgqueue._note, applied at commit).
+/// Earlier releases' tables lack columns: `$progress` reads the message's progress and
+/// `$kept` and `$values` the history's extra columns, as the layout has them.
 macro_rules! to_history {
-    ($cancelling:literal) => {
+    ($cancelling:literal, $progress:literal, $kept:literal, $values:literal) => {
         Statement {
             sql: match CStr::from_bytes_with_nul(
                 concat!(
                     "WITH gone AS (
                DELETE FROM pgqueue.messages m
-                USING unnest($1, $2) AS u(id, token)
+                USING unnest($1, $2, $6) AS u(id, token, result)
                 WHERE m.msg_id = u.id AND ($2 IS NULL OR (m.claim_token = u.token AND m.state = 'claimed'))
                   AND ($5::text IS NULL OR m.queue = $5)
                RETURNING m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
-                         m.dedup_key,
+                         m.dedup_key, ",
+                    $progress,
+                    " AS progress,
                          CASE WHEN ",
                     $cancelling,
                     " THEN 'cancelled' ELSE $3 END AS outcome,
                          CASE WHEN ",
                     $cancelling,
-                    " THEN m.last_error ELSE coalesce($4, m.last_error) END AS last_error
+                    " THEN m.last_error ELSE coalesce($4, m.last_error) END AS last_error,
+                         CASE WHEN NOT ",
+                    $cancelling,
+                    " THEN u.result END AS result
            ), released AS (
                DELETE FROM pgqueue.dedup_keys d USING gone g
                 WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
@@ -42,9 +51,13 @@ macro_rules! to_history {
                   AND d.msg_id = g.msg_id AND d.hold > interval '0' AND g.outcome <> 'cancelled'
            ), kept AS (
                INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, headers,
-                                            enqueued_at, last_error)
+                                            enqueued_at, last_error",
+                    $kept,
+                    ")
                SELECT g.msg_id, g.queue, g.outcome, g.priority, g.attempt, g.payload, g.headers,
-                      g.enqueued_at, g.last_error
+                      g.enqueued_at, g.last_error",
+                    $values,
+                    "
                  FROM gone g
                RETURNING history.msg_id
            ), noted AS (
@@ -57,38 +70,57 @@ macro_rules! to_history {
                 Ok(sql) => sql,
                 Err(_) => panic!("a statement's text has a NUL"),
             },
-            args: &[INT8ARRAYOID, UUIDARRAYOID, TEXTOID, TEXTOID, TEXTOID],
+            args: &[INT8ARRAYOID, UUIDARRAYOID, TEXTOID, TEXTOID, TEXTOID, JSONBARRAYOID],
         }
     };
 }
-static TO_HISTORY: Statement = to_history!("m.cancel_requested_at IS NOT NULL");
-/// The same for a database still running 0.14.0's SQL (until ALTER EXTENSION UPDATE), whose
-/// messages have no cancel_requested_at: none can be cancelled there.
-static TO_HISTORY_0_14: Statement = to_history!("false");
+static TO_HISTORY: Statement = to_history!(
+    "m.cancel_requested_at IS NOT NULL",
+    "m.progress",
+    ", result, progress",
+    ", g.result, g.progress"
+);
+/// The same for a database still running an earlier release's SQL (until ALTER EXTENSION
+/// UPDATE): 0.15.0's keeps neither results nor progress; 0.14.0's messages cannot be cancelled.
+static TO_HISTORY_0_15: Statement = to_history!("m.cancel_requested_at IS NOT NULL", "NULL::jsonb", "", "");
+static TO_HISTORY_0_14: Statement = to_history!("false", "NULL::jsonb", "", "");
 
-/// Whether pgqueue.messages has cancel_requested_at (0.15.0's SQL on): three catalog cache
+/// Which release's tables this database has, by the newest column each added: catalog cache
 /// lookups, no query, so that an ack costs the same.
-fn cancel_column() -> bool {
+fn layout() -> &'static Statement {
     // SAFETY: catalog cache lookups of NUL-terminated names, inside a transaction.
     unsafe {
         let schema = pg_sys::get_namespace_oid(c"pgqueue".as_ptr(), true);
-        let messages = pg_sys::get_relname_relid(c"messages".as_ptr(), schema);
-        messages != pg_sys::InvalidOid && pg_sys::get_attnum(messages, c"cancel_requested_at".as_ptr()) > 0
+        let has = |table: &CStr, column: &CStr| {
+            let relation = pg_sys::get_relname_relid(table.as_ptr(), schema);
+            relation != pg_sys::InvalidOid && pg_sys::get_attnum(relation, column.as_ptr()) > 0
+        };
+        if has(c"history", c"result") {
+            &TO_HISTORY
+        } else if has(c"messages", c"cancel_requested_at") {
+            &TO_HISTORY_0_15
+        } else {
+            &TO_HISTORY_0_14
+        }
     }
 }
 
 /// Moves the messages (bigint[] `msg_ids`, uuid[] `tokens`) to history as `outcome`, inside
-/// an SPI connection; returns the ids that moved, in order. `queue`: only that queue's.
+/// an SPI connection; returns the ids that moved, in order. `queue`: only that queue's;
+/// `results` (jsonb[] beside the ids): what the completed ones keep. Those who wait for
+/// their outcome (pgq_result) are woken when this commits.
 pub fn to_history(
     msg_ids: Option<pg_sys::Datum>,
     tokens: Option<pg_sys::Datum>,
     outcome: Option<&str>,
     error: Option<&str>,
     queue: Option<&str>,
+    results: Option<pg_sys::Datum>,
 ) -> Vec<i64> {
-    let statement = if cancel_column() { &TO_HISTORY } else { &TO_HISTORY_0_14 };
-    let rows = statement.run(&[msg_ids, tokens, outcome.into_datum(), error.into_datum(), queue.into_datum()]);
-    (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect()
+    let rows = layout().run(&[msg_ids, tokens, outcome.into_datum(), error.into_datum(), queue.into_datum(), results]);
+    let moved: Vec<i64> = (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
+    outcome_wait::finished(&moved);
+    moved
 }
 
 /// `pgqueue._to_history` of every queue (sql/finish.sql; the symbol releases up to 0.13.0 name).
@@ -111,6 +143,19 @@ fn _to_history_in(
     error: Option<&str>,
     queue: Option<&str>,
 ) -> SetOfIterator<'static, i64> {
-    let (ids, tokens) = (msg_ids.map(|a| a.datum()), claim_tokens.map(|a| a.datum()));
-    SetOfIterator::new(Spi::connect_mut(|_| to_history(ids, tokens, outcome, error, queue)))
+    _to_history_with(msg_ids, claim_tokens, outcome, error, queue, None)
+}
+
+/// `pgqueue._to_history` with a queue and results (jsonb[] beside the ids, or NULL): pgq_ack.
+#[pg_extern(sql = false)]
+fn _to_history_with(
+    msg_ids: Option<AnyArray>,
+    claim_tokens: Option<AnyArray>,
+    outcome: Option<&str>,
+    error: Option<&str>,
+    queue: Option<&str>,
+    results: Option<AnyArray>,
+) -> SetOfIterator<'static, i64> {
+    let (ids, tokens, results) = (msg_ids.map(|a| a.datum()), claim_tokens.map(|a| a.datum()), results.map(|a| a.datum()));
+    SetOfIterator::new(Spi::connect_mut(|_| to_history(ids, tokens, outcome, error, queue, results)))
 }

@@ -9,12 +9,14 @@
 //! | `_claimed` | 0.3.0 – 0.7.0 (`pgq_claim`) |
 //! | `_wait` | 0.3.0 – 0.7.0 (`pgq_claim` with `wait`) |
 //! | `_ahead` | 0.5.0 – 0.6.0 (`pgq_claim`) |
+//! | `pgq_ack_claim` | 0.8.0 – 0.15.0 (`pgq_ack_claim`, before `ack_results`) |
 
-use crate::claim;
+use crate::claim::{self, Ask, Jsonb};
 use crate::queue_state::{self, Key};
 use crate::wait;
-use pgrx::datum::TimestampWithTimeZone;
+use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
+use pgrx::{AnyArray, Uuid};
 
 /// Where a claim on `queue` starts (the claim itself calls `start`; this is for earlier
 /// releases' SQL and for looking at the shared state): the priorities that may have
@@ -89,4 +91,34 @@ fn _ahead(queue: &str, priority: i16, msg_id: i64) -> bool {
 fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> bool {
     // Its callers claim without chaining: one signal per message, as then.
     wait::sleep(queue, seen, deadline, 1)
+}
+
+/// `claim::pgq_ack_claim_reporting` without results, as 0.8.0's to 0.15.0's SQL declares it.
+#[pg_extern(sql = false)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+fn pgq_ack_claim(
+    queue: Option<&str>,
+    ack_msg_ids: Option<AnyArray>,
+    ack_claim_tokens: Option<AnyArray>,
+    qty: Option<i32>,
+    lease: Option<Interval>,
+    consumer: Option<&str>,
+    session_bound: Option<bool>,
+    wait: Option<Interval>,
+) -> TableIterator<
+    'static,
+    (
+        name!(kind, &'static str),
+        name!(msg_id, Option<i64>),
+        name!(claim_token, Option<Uuid>),
+        name!(attempt, Option<i32>),
+        name!(priority, Option<i16>),
+        name!(payload, Option<Jsonb>),
+        name!(headers, Option<Jsonb>),
+        name!(enqueued_at, Option<TimestampWithTimeZone>),
+        name!(lease_expires_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let acks = [ack_msg_ids.map(|a| a.datum()), ack_claim_tokens.map(|a| a.datum()), None];
+    TableIterator::new(claim::ack_claim(acks, Ask { queue, qty, lease, consumer, session_bound, wait }))
 }

@@ -20,6 +20,7 @@ mod drop_database;
 mod finish;
 mod guc;
 mod legacy;
+mod outcome_wait;
 mod partition_files;
 mod pending;
 mod queue_state;
@@ -34,7 +35,7 @@ mod tick_counts;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.15.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.16.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -71,7 +72,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.15.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.16.0".into())));
     }
 
     /// `\df+`, `\dv+` and `\dt+` describe every public function, every view and every table

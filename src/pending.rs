@@ -10,6 +10,7 @@
 //! without lowering (`Dispatch::commit_ready`).
 
 use crate::dispatch::DUE_NEVER;
+use crate::outcome_wait;
 use crate::queue_state::{self, DEPTHS, Key, State};
 use crate::rollup;
 use pgrx::pg_sys;
@@ -186,12 +187,19 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut c
     use pg_sys::XactEvent::*;
     match event {
         XACT_EVENT_PRE_COMMIT => pre_commit(),
-        XACT_EVENT_COMMIT => finish(true),
-        XACT_EVENT_ABORT => finish(false),
+        XACT_EVENT_COMMIT => {
+            finish(true);
+            outcome_wait::at_commit();
+        }
+        XACT_EVENT_ABORT => {
+            finish(false);
+            outcome_wait::forget();
+        }
         // A prepared transaction commits elsewhere, later: its messages are found by the
         // worker's check at the next tick.
         XACT_EVENT_PREPARE => {
             NOTES.with_borrow_mut(Vec::clear);
+            outcome_wait::forget();
             queue_state::commit_ends();
         }
         _ => {}

@@ -156,7 +156,10 @@ fn capacity() -> i64 {
 fn size() -> usize {
     // SAFETY: pure size arithmetic.
     let table = unsafe { pg_sys::hash_estimate_size(capacity() as _, size_of::<Entry>()) };
-    size_of::<Header>().next_multiple_of(16) + table + committing_size().next_multiple_of(16)
+    size_of::<Header>().next_multiple_of(16)
+        + table
+        + committing_size().next_multiple_of(16)
+        + crate::outcome_wait::size().next_multiple_of(16)
 }
 
 fn slots() -> usize {
@@ -216,6 +219,7 @@ unsafe extern "C-unwind" fn startup() {
             std::ptr::write_bytes(committing as *mut u8, 0, committing_size());
         }
         COMMITTING = committing as *mut AtomicU32;
+        crate::outcome_wait::startup();
         HEADER = header;
         pg_sys::LWLockRelease(init_lock);
     }

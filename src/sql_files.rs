@@ -21,6 +21,6 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../sql/comments.sql",
     name = "comments",
-    requires = ["stats", claim::pgq_claim, claim::pgq_ack_claim, tick::pgq_tick, pgq_version]
+    requires = ["stats", claim::pgq_claim, claim::pgq_ack_claim_reporting, tick::pgq_tick, pgq_version]
 );
 pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);

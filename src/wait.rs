@@ -120,15 +120,19 @@ pub fn chain(queue: &str) {
     });
 }
 
-fn remaining_ms(deadline: pg_sys::TimestampTz) -> i64 {
+pub fn remaining_ms(deadline: pg_sys::TimestampTz) -> i64 {
     // SAFETY: reads the clock.
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
     (deadline - now + 999).div_euclid(1000)
 }
 
 fn fallback_sleep(deadline: pg_sys::TimestampTz) {
-    let ms = remaining_ms(deadline).clamp(0, FALLBACK_STEP_MS);
-    if ms == 0 {
+    nap(remaining_ms(deadline).clamp(0, FALLBACK_STEP_MS));
+}
+
+/// Sleeps `ms` (or until the latch is set) when no signal can come; checks for interrupts.
+pub fn nap(ms: i64) {
+    if ms <= 0 {
         return;
     }
     // SAFETY: a latch wait as pg_sleep does it; interrupts are checked after it.

@@ -66,6 +66,8 @@ struct Source {
     /// it waited.
     cancelling: (i64, Uuid),
     cancelled: i64,
+    /// A message completed with a result (the long claim has reported progress).
+    done: i64,
     /// A dead letter in a history partition two days old.
     old_dead: i64,
     last_id: i64,
@@ -118,7 +120,7 @@ fn fill(c: &mut Client) -> Source {
     .unwrap();
     // Completed and dead messages today; a dead letter and completed ones two days ago.
     let done = claim_one(&mut s, "jobs", None).held();
-    ack_by(&mut s, done.0, done.1);
+    s.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid, result => '{\"rows\": 7}')", &[&done.0, &done.1]).unwrap();
     let dead = claim_one(&mut s, "jobs", None).held();
     s.execute("SELECT pgqueue.pgq_fail($1, $2, error => 'bad input')", &[&dead.0, &dead.1]).unwrap();
     s.batch_execute(
@@ -130,6 +132,9 @@ fn fill(c: &mut Client) -> Source {
     )
     .unwrap();
     let long = claim_one(&mut s, "jobs", None).held();
+    // What 0.16.0 adds: progress and a result (above).
+    s.execute("SELECT pgqueue.pgq_renew($1::bigint, $2::uuid, progress => '{\"step\": 2}')", &[&long.0, &long.1])
+        .unwrap();
     let short = claim_one(&mut s, "jobs", Some("3 s")).held();
     // What 0.15.0 adds: a running job whose cancel was requested, and one cancelled waiting.
     let cancelling = claim_one(&mut s, "jobs", None).held();
@@ -157,6 +162,7 @@ fn fill(c: &mut Client) -> Source {
         bound,
         cancelling,
         cancelled,
+        done: done.0,
         old_dead: -1,
         last_id,
         roles,
@@ -300,6 +306,12 @@ fn check_restored(src: &Source, db: &str) {
         (message(&mut r, src.short.0).map(|m| (m.state, m.attempt)) == Some(("ready".into(), 1))).then_some(())
     });
     assert_eq!(message(&mut r, src.long.0).map(|m| (m.state, m.attempt)), Some(("claimed".into(), 1)), "{db}");
+    let reported = |r: &mut Client, id: i64| -> (String, Option<String>, Option<String>) {
+        let row = r.query_one("SELECT state, result::text, progress::text FROM pgqueue.pgq_result($1)", &[&id]).unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    };
+    assert_eq!(reported(&mut r, src.long.0), ("claimed".into(), None, Some(r#"{"step": 2}"#.into())), "{db}");
+    assert_eq!(reported(&mut r, src.done), ("completed".into(), Some(r#"{"rows": 7}"#.into()), None), "{db}");
     let acked: bool =
         r.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&src.long.0, &src.long.1]).unwrap().get(0);
     assert!(acked, "{db}: the long claim's token still acks it");
