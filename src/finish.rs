@@ -74,12 +74,8 @@ macro_rules! to_history {
         }
     };
 }
-static TO_HISTORY: Statement = to_history!(
-    "m.cancel_requested_at IS NOT NULL",
-    "m.progress",
-    ", result, progress",
-    ", g.result, g.progress"
-);
+static TO_HISTORY: Statement =
+    to_history!("m.cancel_requested_at IS NOT NULL", "m.progress", ", result, progress", ", g.result, g.progress");
 /// The same for a database still running an earlier release's SQL (until ALTER EXTENSION
 /// UPDATE): 0.15.0's keeps neither results nor progress; 0.14.0's messages cannot be cancelled.
 static TO_HISTORY_0_15: Statement = to_history!("m.cancel_requested_at IS NOT NULL", "NULL::jsonb", "", "");
@@ -156,6 +152,7 @@ fn _to_history_with(
     queue: Option<&str>,
     results: Option<AnyArray>,
 ) -> SetOfIterator<'static, i64> {
-    let (ids, tokens, results) = (msg_ids.map(|a| a.datum()), claim_tokens.map(|a| a.datum()), results.map(|a| a.datum()));
+    let (ids, tokens, results) =
+        (msg_ids.map(|a| a.datum()), claim_tokens.map(|a| a.datum()), results.map(|a| a.datum()));
     SetOfIterator::new(Spi::connect_mut(|_| to_history(ids, tokens, outcome, error, queue, results)))
 }

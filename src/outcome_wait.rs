@@ -236,3 +236,10 @@ fn _await_outcome(msg_id: i64, wait: Interval, queue: Option<&str>) -> bool {
     })
     .execute()
 }
+
+/// `pgqueue._outcome_waiters`: how many pgq_result calls wait now (0 without shared memory).
+#[pg_extern(sql = false)]
+fn _outcome_waiters() -> i64 {
+    // SAFETY: HEADER is set once at startup.
+    unsafe { if HEADER.is_null() { 0 } else { (*HEADER).waiting.load(SeqCst) } }
+}

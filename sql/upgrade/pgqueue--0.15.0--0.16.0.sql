@@ -213,6 +213,10 @@ $$;
 CREATE FUNCTION pgqueue._await_outcome(msg_id bigint, wait interval, queue text) RETURNS boolean
 LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', '_await_outcome_wrapper';
 
+-- How many pgq_result calls wait now, in the whole server (0 without shared memory).
+CREATE FUNCTION pgqueue._outcome_waiters() RETURNS bigint
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', '_outcome_waiters_wrapper';
+
 -- A message's state and what it reported: its progress while waiting or claimed (the latest
 -- its holders stored with pgq_renew), and once finished (finished_at set) its outcome as
 -- state, its result (pgq_ack) and last error. No row: no such message (of queue, if given),
@@ -275,7 +279,8 @@ REVOKE ALL ON FUNCTION pgqueue._check_reports(jsonb[], integer, text),
     pgqueue.pgq_ack(bigint[], uuid[], text, jsonb[]), pgqueue.pgq_ack(bigint, uuid, text, jsonb),
     pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval, jsonb[]),
     pgqueue.pgq_renew(bigint[], uuid[], interval, text, jsonb[]), pgqueue.pgq_renew(bigint, uuid, interval, text, jsonb),
-    pgqueue._await_outcome(bigint, interval, text), pgqueue.pgq_result(bigint, interval, text) FROM PUBLIC;
+    pgqueue._await_outcome(bigint, interval, text), pgqueue._outcome_waiters(),
+    pgqueue.pgq_result(bigint, interval, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgqueue.pgq_result(bigint, interval, text) TO pgqueue_producer;
 GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval, jsonb[]),

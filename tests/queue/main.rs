@@ -15,3 +15,4 @@ mod cancel;
 mod concurrency;
 mod maintenance;
 mod operators;
+mod results;

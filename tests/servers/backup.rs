@@ -307,7 +307,8 @@ fn check_restored(src: &Source, db: &str) {
     });
     assert_eq!(message(&mut r, src.long.0).map(|m| (m.state, m.attempt)), Some(("claimed".into(), 1)), "{db}");
     let reported = |r: &mut Client, id: i64| -> (String, Option<String>, Option<String>) {
-        let row = r.query_one("SELECT state, result::text, progress::text FROM pgqueue.pgq_result($1)", &[&id]).unwrap();
+        let row =
+            r.query_one("SELECT state, result::text, progress::text FROM pgqueue.pgq_result($1)", &[&id]).unwrap();
         (row.get(0), row.get(1), row.get(2))
     };
     assert_eq!(reported(&mut r, src.long.0), ("claimed".into(), None, Some(r#"{"step": 2}"#.into())), "{db}");
