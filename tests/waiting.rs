@@ -4,7 +4,7 @@
 //! resume — and not for a rolled-back send; it ends at its deadline with nothing, on
 //! statement_timeout, cancel and termination, and when its queue is dropped. One commit
 //! wakes one sleeper per message (64 sleepers, one send: one wakes). Without the library
-//! preloaded waiting still works (by polling), and a restart that loses the shared state
+//! preloaded waiting still works (by polling; so does `pgq_result`'s), and a restart that loses the shared state
 //! loses no message.
 
 mod common;
@@ -546,6 +546,23 @@ fn without_preloading_everything_works_and_waiting_claims_poll() {
     assert_eq!(out.ids(), vec![id]);
     assert!(out.elapsed >= Duration::from_secs(1), "it waited for the send: {:?}", out.elapsed);
     assert!(out.elapsed < Duration::from_secs(20), "and got it by polling: {:?}", out.elapsed);
+
+    // pgq_result waits by polling too.
+    send(&mut c, "plain", json!({}));
+    let (id, token) = claim_one(&mut c, "plain", Some("1 hour")).held();
+    let mut r = server.connect("postgres");
+    let awaited = thread::spawn(move || {
+        let start = Instant::now();
+        let row = r.query_one("SELECT state, result FROM pgqueue.pgq_result($1, wait => '30 s')", &[&id]).unwrap();
+        (row.get::<_, String>(0), row.get::<_, Option<serde_json::Value>>(1), start.elapsed())
+    });
+    thread::sleep(Duration::from_secs(1));
+    c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid, result => '7')", &[&id, &token]).unwrap();
+    let (state, result, elapsed) = awaited.join().unwrap();
+    assert_eq!((state.as_str(), result), ("completed", Some(json!(7))));
+    assert!(elapsed >= Duration::from_secs(1) && elapsed < Duration::from_secs(20), "{elapsed:?}");
+    let waiters: i64 = c.query_one("SELECT pgqueue._outcome_waiters()", &[]).unwrap().get(0);
+    assert_eq!(waiters, 0, "no slots without preloading");
 }
 
 /// With the worker off nothing ticks: the first claim of a new queue checks its hints itself
