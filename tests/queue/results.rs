@@ -340,3 +340,114 @@ fn a_waiter_that_is_cancelled_or_terminated_leaves_no_trace() {
         (n == 0).then_some(())
     });
 }
+
+/// Randomized, seeded (`PGQUEUE_RESULT_RACE_SEED` replays a run): 48 waiters on 24 messages
+/// (some on the same one, some arriving after it finished) while 4 finishers claim and finish
+/// them every way there is, in transactions that roll back whole or to a savepoint, and nack
+/// some for another attempt first. Checked against what committed: every waiter returns its
+/// message finished, as history has it, woken rather than timed out, and never before the
+/// commit that finished it began.
+#[test]
+fn waiters_racing_finishes_rollbacks_and_retries_see_each_commit() {
+    use crate::common::rng::{Rng, seed_from};
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    let seed = seed_from("PGQUEUE_RESULT_RACE_SEED", "result race");
+    let mut c = connect();
+    let q = new_queue(&mut c, ", max_attempts => 3, lease => '1 hour'");
+    let ids: Vec<i64> = (0..24).map(|n| send(&mut c, &q, json!({ "n": n }))).collect();
+    let base = Instant::now();
+    // msg_id -> when the COMMIT that finished it was sent (µs since base).
+    let finishing: Arc<Mutex<HashMap<i64, u128>>> = Arc::default();
+    let waiters: Vec<_> = (0..48u64)
+        .map(|w| {
+            let mut rng = Rng::new(seed, w);
+            let id = ids[rng.below(ids.len() as u64) as usize];
+            let late = rng.chance(20);
+            let mut r = crate::common::connect();
+            thread::spawn(move || {
+                if late {
+                    thread::sleep(Duration::from_millis(rng.range(0, 1500)));
+                }
+                let start = Instant::now();
+                let got = report(&mut r, id, "50 s");
+                (id, got, start.elapsed(), base.elapsed().as_micros())
+            })
+        })
+        .collect();
+    let finishers: Vec<_> = (0..4u64)
+        .map(|f| {
+            let (q, finishing) = (q.clone(), finishing.clone());
+            let mut c = crate::common::connect();
+            thread::spawn(move || {
+                let mut rng = Rng::new(seed, 1000 + f);
+                loop {
+                    let claimed = crate::common::claim(&mut c, &q, rng.range(1, 3) as i32, Some("1 hour"));
+                    if claimed.is_empty() {
+                        let left: i64 = c
+                            .query_one("SELECT count(*) FROM pgqueue.messages WHERE queue = $1", &[&q])
+                            .unwrap()
+                            .get(0);
+                        if left == 0 {
+                            return;
+                        }
+                        thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                    // Until it commits: a transaction rolled back leaves the claims held.
+                    loop {
+                        thread::sleep(Duration::from_millis(rng.range(0, 30)));
+                        let mut tx = c.transaction().unwrap();
+                        let mut finished = vec![];
+                        for m in &claimed {
+                            if rng.chance(25) {
+                                // A savepoint that finishes it, rolled back: nothing happened.
+                                let mut sp = tx.transaction().unwrap();
+                                assert!(ack(&mut sp, m, Some(json!("undone"))));
+                                sp.rollback().unwrap();
+                            }
+                            let sql = match rng.below(5) {
+                                0 | 1 => "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid, result => to_jsonb($1::bigint))",
+                                2 => "SELECT pgqueue.pgq_fail($1::bigint, $2::uuid)",
+                                3 => "SELECT pgqueue.pgq_nack($1::bigint, $2::uuid, retry_in => '0')",
+                                _ => "SELECT pgqueue.pgq_cancel($1::bigint) AND pgqueue.pgq_ack($1::bigint, $2::uuid)",
+                            };
+                            assert!(tx.query_one(sql, &[&m.id, &m.token]).unwrap().get::<_, bool>(0), "{sql}");
+                            if !(sql.contains("pgq_nack") && m.attempt < 3) {
+                                finished.push(m.id);
+                            }
+                        }
+                        thread::sleep(Duration::from_millis(rng.range(0, 30)));
+                        if rng.chance(20) {
+                            tx.rollback().unwrap();
+                            continue;
+                        }
+                        let mut map = finishing.lock().unwrap();
+                        let at = base.elapsed().as_micros();
+                        tx.commit().unwrap();
+                        for id in finished {
+                            map.insert(id, at);
+                        }
+                        break;
+                    }
+                }
+            })
+        })
+        .collect();
+    for f in finishers {
+        f.join().unwrap();
+    }
+    let finishing = finishing.lock().unwrap().clone();
+    for w in waiters {
+        let (id, got, elapsed, returned) = w.join().unwrap();
+        let (state, result, .., finished) = got.unwrap_or_else(|| panic!("seed {seed}: {id} has no row"));
+        assert!(finished, "seed {seed}: {id} came back {state}");
+        assert!(elapsed < WOKEN, "seed {seed}: {id} woken, not timed out ({elapsed:?})");
+        assert!(returned >= finishing[&id], "seed {seed}: {id} returned before its finishing commit");
+        let kept: String = c.query_one("SELECT outcome FROM pgqueue.history WHERE msg_id = $1", &[&id]).unwrap().get(0);
+        assert_eq!(state, kept, "seed {seed}: {id}");
+        if state == "completed" {
+            assert_eq!(result, Some(json!(id)), "seed {seed}: the committed ack's result, not the undone one");
+        }
+    }
+}
