@@ -96,6 +96,11 @@ pub struct Sizes {
     /// Console: (queues, history rows) of each size, smallest first, and the GETs per page.
     pub console_sizes: Vec<(i64, i64)>,
     pub console_rounds: usize,
+    /// Results: callers each asking for one message's outcome (pgq_result, each on its own
+    /// connection), rounds of as many messages, and how long a polling caller sleeps.
+    pub result_callers: usize,
+    pub result_rounds: usize,
+    pub result_poll: Duration,
 }
 
 impl Sizes {
@@ -150,6 +155,9 @@ impl Sizes {
             lock_sample_every: Duration::from_millis(5),
             console_sizes: vec![(10, 10_000), (1_000, 10_000_000)],
             console_rounds: 20,
+            result_callers: 64,
+            result_rounds: 150,
+            result_poll: Duration::from_millis(10),
         }
     }
 
@@ -205,6 +213,9 @@ impl Sizes {
             lock_sample_every: Duration::from_millis(5),
             console_sizes: vec![(2, 100), (4, 1_000)],
             console_rounds: 2,
+            result_callers: 4,
+            result_rounds: 2,
+            result_poll: Duration::from_millis(10),
         }
     }
 }
@@ -227,6 +238,7 @@ pub struct Report {
     pub bytes: Vec<BytesPoint>,
     pub cron: Vec<cron_cost::CronCost>,
     pub console: Vec<console_size::ConsolePage>,
+    pub results: Vec<ResultLatency>,
 }
 
 #[derive(Serialize, Clone)]
@@ -376,6 +388,46 @@ pub struct PickupLatency {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+}
+
+/// From an ack's call returning (its commit done, as the finisher saw it) to the pgq_result
+/// of the caller asking for that message returning it completed; and the finisher's acks.
+#[derive(Serialize, Debug)]
+pub struct ResultLatency {
+    /// How the callers ask, how many there are (each on its own connection, asking for one
+    /// message per round), and rounds.
+    pub asking: String,
+    pub callers: usize,
+    pub rounds: usize,
+    /// Callers that saw their message completed, and those that saw any other state.
+    pub samples: u64,
+    pub failures: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// The finisher's pgq_ack calls, each its own commit.
+    pub ack_p50_ms: f64,
+}
+
+/// How a results caller asks for its message's outcome.
+#[derive(Clone, Copy)]
+enum Asking {
+    /// `pgq_result(…, wait => …)`, woken by the finishing commit.
+    Waits,
+    /// `pgq_result` without wait, sleeping this long while the message is not finished.
+    Polls(Duration),
+    /// Nobody asks: the acks alone, for comparison.
+    Nobody,
+}
+
+impl Asking {
+    fn describe(self) -> String {
+        match self {
+            Asking::Waits => "waiting (pgq_result wait)".into(),
+            Asking::Polls(sleep) => format!("polling every {} ms", sleep.as_millis()),
+            Asking::Nobody => "nobody asking (acks alone)".into(),
+        }
+    }
 }
 
 /// Statements per consumer per minute with nothing to claim.
@@ -1076,6 +1128,9 @@ impl Bench {
         if wants("console") {
             report.console =
                 console_size::measure(&self.dsn, &self.sizes.console_sizes, self.sizes.console_rounds, |w| self.say(w));
+        }
+        if wants("results") {
+            report.results = self.results();
         }
         report
     }
@@ -2535,5 +2590,140 @@ impl Bench {
             picked
         });
         (sent as f64 / seconds, consumed as f64 / seconds)
+    }
+
+    /// Callers asking for messages' outcomes as one finisher acks them: waiting in pgq_result
+    /// (woken by the ack's commit), polling it, and nobody asking, round by round in turn so
+    /// that the machine's noise falls on all three alike.
+    fn results(&self) -> Vec<ResultLatency> {
+        let s = &self.sizes;
+        let n = s.result_callers;
+        self.say(&format!("results: {n} callers, {} rounds", s.result_rounds));
+        let mut c = self.connect();
+        self.reset(&mut c);
+        let base = Instant::now();
+        // Per caller: the message it asks for next; back from all: when pgq_result returned
+        // (µs since base) and whether the message was completed.
+        let (done_tx, done) = std::sync::mpsc::channel::<(i64, u64, bool)>();
+        let polling = Arc::new(AtomicU64::new(0));
+        let (asks, threads): (Vec<_>, Vec<_>) = (0..n)
+            .map(|_| {
+                let (tx, ids) = std::sync::mpsc::channel::<(i64, Asking)>();
+                let (mut c, done, polling) = (self.connect(), done_tx.clone(), polling.clone());
+                let thread = std::thread::spawn(move || {
+                    let wait = c.prepare("SELECT state FROM pgqueue.pgq_result($1, wait => '30 s')").unwrap();
+                    let poll = c.prepare("SELECT state, finished_at IS NOT NULL FROM pgqueue.pgq_result($1)").unwrap();
+                    for (id, how) in ids {
+                        let (state, at): (String, u64) = match how {
+                            Asking::Waits => {
+                                let row = c.query_one(&wait, &[&id]).unwrap();
+                                (row.get(0), base.elapsed().as_micros() as u64)
+                            }
+                            Asking::Polls(sleep) => {
+                                let mut first = true;
+                                loop {
+                                    let row = c.query_one(&poll, &[&id]).unwrap();
+                                    let at = base.elapsed().as_micros() as u64;
+                                    if row.get(1) {
+                                        break (row.get(0), at);
+                                    }
+                                    if std::mem::take(&mut first) {
+                                        polling.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    std::thread::sleep(sleep);
+                                }
+                            }
+                            Asking::Nobody => unreachable!("nobody asks"),
+                        };
+                        done.send((id, at, state == "completed")).unwrap();
+                    }
+                });
+                (tx, thread)
+            })
+            .unzip();
+        let send = c
+            .prepare(&format!("SELECT pgqueue.pgq_send_batch('{QUEUE}', array_fill($1::jsonb, ARRAY[$2::int]))"))
+            .unwrap();
+        let claim =
+            c.prepare(&format!("SELECT msg_id, claim_token FROM pgqueue.pgq_claim('{QUEUE}', qty => $1)")).unwrap();
+        let ack = c.prepare("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid, result => $3::jsonb)").unwrap();
+        let waiters = c.prepare("SELECT pgqueue._outcome_waiters()").unwrap();
+        let ways = [Asking::Waits, Asking::Polls(s.result_poll), Asking::Nobody];
+        let hist = || Histogram::<u64>::new(3).unwrap();
+        // Per way: latencies, ack calls, failures.
+        let mut measured = ways.map(|_| (hist(), hist(), 0u64));
+        for round in 0..s.result_rounds {
+            for k in 0..ways.len() {
+                let i = (round + k) % ways.len();
+                let how = ways[i];
+                let ids: Vec<i64> =
+                    c.query(&send, &[&payload(round as u64), &(n as i32)]).unwrap().iter().map(|r| r.get(0)).collect();
+                polling.store(0, Ordering::Relaxed);
+                if !matches!(how, Asking::Nobody) {
+                    for (ask, &id) in asks.iter().zip(&ids) {
+                        ask.send((id, how)).unwrap();
+                    }
+                }
+                // Until every caller asks: each waits in its call, or has polled once.
+                let t = Instant::now();
+                loop {
+                    let asking = match how {
+                        Asking::Waits => c.query_one(&waiters, &[]).unwrap().get::<_, i64>(0) as u64,
+                        Asking::Polls(_) => polling.load(Ordering::Relaxed),
+                        Asking::Nobody => n as u64,
+                    };
+                    if asking >= n as u64 {
+                        break;
+                    }
+                    assert!(t.elapsed() < Duration::from_secs(10), "results: {asking} of {n} callers asking");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let (latency, acks, failures) = &mut measured[i];
+                // When each message's ack returned (µs since base).
+                let mut acked = std::collections::HashMap::new();
+                let claimed = c.query(&claim, &[&(n as i32)]).unwrap();
+                assert_eq!(claimed.len(), n, "results: the round's messages claimed");
+                for row in &claimed {
+                    let (id, token): (i64, Uuid) = (row.get(0), row.get(1));
+                    let t = base.elapsed().as_micros() as u64;
+                    c.query_one(&ack, &[&id, &token, &serde_json::json!({"ok": true})]).unwrap();
+                    let at = base.elapsed().as_micros() as u64;
+                    acks.record(at - t).unwrap();
+                    acked.insert(id, at);
+                }
+                if matches!(how, Asking::Nobody) {
+                    continue;
+                }
+                for _ in 0..n {
+                    let (id, at, completed) =
+                        done.recv_timeout(Duration::from_secs(40)).expect("results: callers answer");
+                    if completed {
+                        // A caller can return before the finisher hears of its commit: that is 0.
+                        latency.record(at.saturating_sub(acked[&id])).unwrap();
+                    } else {
+                        *failures += 1;
+                    }
+                }
+            }
+        }
+        drop(asks);
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        ways.iter()
+            .zip(measured)
+            .map(|(how, (latency, acks, failures))| {
+                let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+                ResultLatency {
+                    asking: how.describe(),
+                    callers: n,
+                    rounds: s.result_rounds,
+                    samples: latency.len(),
+                    failures,
+                    p50_ms: ms(&latency, 0.5),
+                    p99_ms: ms(&latency, 0.99),
+                    max_ms: latency.max() as f64 / 1000.0,
+                    ack_p50_ms: ms(&acks, 0.5),
+                }
+            })
+            .collect()
     }
 }

@@ -16,7 +16,7 @@ struct Args {
     #[arg(long)]
     pg_config: Option<PathBuf>,
     /// Scenarios: all, flatness, throughput, rescue, prune, renewals, enqueue, pinned, pickup,
-    /// schedules, unique, harness, bytes, cron, console (comma-separated).
+    /// schedules, unique, harness, bytes, cron, console, results (comma-separated).
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Tiny sizes (seconds, not minutes).
@@ -408,6 +408,28 @@ fn print(r: &Report) {
         println!("| beside | messages/s | ÷ no consumers | consumed/s |\n|---|---|---|---|");
         for s in &p.sends {
             println!("| {} | {:.0} | {:.0} % | {:.0} |", s.case, s.messages_per_s, s.ratio * 100.0, s.consumed_per_s);
+        }
+    }
+    if let Some(first) = r.results.first() {
+        println!(
+            "\nresults: {} rounds of {} messages, one for each caller (each its own connection); one finisher claims them and acks them one at a time, each its own commit. Latency: the ack's call returned -> its caller's pgq_result returned it completed",
+            first.rounds, first.callers
+        );
+        println!(
+            "| callers | samples | failures | p50 ms | p99 ms | max ms | ack p50 ms |\n|---|---|---|---|---|---|---|"
+        );
+        for l in &r.results {
+            let ms = |v: f64| if l.samples > 0 { format!("{v:.2}") } else { "-".to_string() };
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {:.2} |",
+                l.asking,
+                l.samples,
+                l.failures,
+                ms(l.p50_ms),
+                ms(l.p99_ms),
+                ms(l.max_ms),
+                l.ack_p50_ms
+            );
         }
     }
     if let Some(h) = r.harness.first() {

@@ -51,6 +51,11 @@ fn every_scenario_runs_at_tiny_sizes() {
     assert_eq!(schedules.burst_fired, sizes.schedules_due, "every due schedule fired once");
     assert!(schedules.idle_buffers > 0 && schedules.live_runs > 0);
     assert_eq!(schedules.live_duplicates, 0);
+    // Waiting and polling callers each saw every message completed; the acks alone, none.
+    assert_eq!(report.results.len(), 3);
+    let every = (sizes.result_callers * sizes.result_rounds) as u64;
+    assert!(report.results[..2].iter().all(|r| r.samples == every && r.failures == 0), "{:?}", report.results);
+    assert!(report.results.iter().all(|r| r.ack_p50_ms > 0.0));
     assert_eq!(report.unique.len(), 3);
     assert!(report.unique.iter().all(|u| u.messages_per_s > 0.0));
     // Per consumer count, both systems; what the consumers acked, and when they claimed it.
