@@ -1,16 +1,17 @@
 //! The Rust client (`clients/rust`, crate `pgqueue-client`) against a live server of its own:
 //! sends inside the caller's transaction (rolled back: nothing), a worker that handles 2,000
 //! messages exactly once, nacks retryable errors with their text, dead-letters permanent ones,
-//! keeps a job past its lease by renewing it, gives back what it holds when it stops, and
-//! survives `pg_terminate_backend` of its connections and a server restart without losing or
-//! doubling a message.
+//! keeps a job past its lease by renewing it, sends a handler's progress with its renewals and
+//! its result with its ack for a caller awaiting it, gives back what it holds when it stops,
+//! and survives `pg_terminate_backend` of its connections and a server restart without losing
+//! or doubling a message.
 
 use crate::common;
 
 use common::server::Server;
 use common::{Client, Finished, count, history, wait_for};
 use pgqueue_client::{
-    Error, HandlerError, Message, SendOptions, Worker, WorkerConfig, send, send_batch, tokio_postgres,
+    Error, HandlerError, Message, SendOptions, Worker, WorkerConfig, result, send, send_batch, tokio_postgres,
 };
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -348,6 +349,94 @@ fn a_cancelled_job_stops_its_handler_and_frees_its_key() {
     stop(&rt, worker).unwrap();
     assert_eq!(history(&mut c, "cancelled")[&id].result(), ("cancelled", 1, Some("not needed")));
     assert_ne!(send_key(&mut c), id, "the key is free once cancelled");
+}
+
+/// A handler reports progress, which its next renewal stores for `result` to read while it
+/// runs, then sets a result, which its ack stores; a caller awaiting the message is woken at
+/// the ack's commit, with both.
+#[test]
+fn a_handler_reports_progress_and_a_result_that_a_caller_awaits() {
+    let _turn = common::file_turn(file!());
+    let server = server();
+    let rt = runtime();
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('results', lease => '3 s')").unwrap();
+    let client = async_client(&rt, &server);
+    let awaiter = rt.block_on(async {
+        let dsn = format!("{} application_name=awaiter", server.dsn("postgres"));
+        let (client, connection) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+    });
+    let release = Arc::new(Notify::new());
+    let released = release.clone();
+    let config = WorkerConfig::new(server.dsn("postgres"), "results").wait(Duration::from_secs(1));
+    let worker = start(&rt, config, move |msg| {
+        let released = released.clone();
+        async move {
+            msg.report_progress(json!({"done": 1}));
+            tokio::time::timeout(LIMIT, released.notified()).await.expect("released");
+            let sum = msg.payload["a"].as_i64().unwrap() + msg.payload["b"].as_i64().unwrap();
+            msg.set_result(json!({ "sum": sum }));
+            Ok(())
+        }
+    });
+    let (unknown, id) = rt.block_on(async {
+        let unknown = result(&client, -1, None, None).await.unwrap();
+        (unknown, send(&client, "results", &json!({"a": 1, "b": 2}), SendOptions::default()).await.unwrap())
+    });
+    assert_eq!(unknown, None, "no such message");
+
+    // Stored by a renewal (every second) while the handler runs.
+    let running = wait_for("the progress", LIMIT, || {
+        rt.block_on(result(&client, id, None, Some("results"))).unwrap().filter(|o| o.progress.is_some())
+    });
+    assert_eq!((running.state.as_str(), running.finished()), ("claimed", false));
+    assert_eq!(running.progress, Some(json!({"done": 1})));
+
+    // A caller awaits it; the handler finishes once the caller sleeps.
+    let awaited = rt.spawn(async move {
+        let start = std::time::Instant::now();
+        (result(&awaiter, id, Some(Duration::from_secs(50)), Some("results")).await, start.elapsed())
+    });
+    wait_for("the caller's wait", LIMIT, || {
+        let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Extension'";
+        (count(&mut c, sql, "awaiter") == 1).then_some(())
+    });
+    release.notify_one();
+    let (outcome, took) = rt.block_on(awaited).unwrap();
+    stop(&rt, worker).unwrap();
+    let outcome = outcome.unwrap().expect("the message");
+    assert!(took < Duration::from_secs(40), "woken at the ack's commit, not at the end of the wait ({took:?})");
+    assert_eq!((outcome.state.as_str(), outcome.attempt, outcome.finished()), ("completed", 1, true));
+    assert_eq!((outcome.result, outcome.progress), (Some(json!({"sum": 3})), Some(json!({"done": 1}))));
+}
+
+/// Progress and a result larger than `pgqueue.max_payload_bytes` (54000): the renewal and the
+/// ack go on without them, and the job completes on its first attempt.
+#[test]
+fn a_result_or_progress_the_server_refuses_is_left_out() {
+    let _turn = common::file_turn(file!());
+    let server = server();
+    let rt = runtime();
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('refused', lease => '2 s')").unwrap();
+    let dsn = format!("{} options='-c pgqueue.max_payload_bytes=64'", server.dsn("postgres"));
+    let config = WorkerConfig::new(dsn, "refused").wait(Duration::from_secs(1));
+    let worker = start(&rt, config, |msg| async move {
+        let big = json!("x".repeat(100));
+        msg.report_progress(big.clone());
+        tokio::time::sleep(Duration::from_secs(3)).await; // past the lease: renewed all the same
+        msg.set_result(big);
+        Ok(())
+    });
+    let id: i64 = c.query_one("SELECT pgqueue.pgq_send('refused', '{}')", &[]).unwrap().get(0);
+    until_completed(&mut c, "refused", 1);
+    stop(&rt, worker).unwrap();
+    let client = async_client(&rt, &server);
+    let outcome = rt.block_on(result(&client, id, None, None)).unwrap().expect("the message");
+    assert_eq!((outcome.state.as_str(), outcome.attempt), ("completed", 1));
+    assert_eq!((outcome.result, outcome.progress), (None, None));
 }
 
 #[test]

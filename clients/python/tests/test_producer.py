@@ -1,5 +1,5 @@
 """send / send_batch: what reaches the queue, inside the caller's transaction or committed by
-the Producer, and the errors for bad arguments."""
+the Producer, and the errors for bad arguments; result: what became of a message."""
 
 from __future__ import annotations
 
@@ -102,3 +102,28 @@ def test_bad_arguments_raise_clear_errors(dsn, db, make_queue):
         # The producer is still usable after the server refused a call.
         assert p.send(q, {"ok": True}) > 0
     assert len(rows(db, q)) == 1
+
+
+def test_result_reads_a_message_or_none(dsn, db, make_queue):
+    q, other = make_queue(), make_queue()
+    with pgqueue.Producer(dsn) as p:
+        assert p.result(-1) is None, "no such message"
+        mid = p.send(q, {"n": 1})
+        ready = p.result(mid, wait=0.2, queue=q)  # nobody claims it: the wait runs out
+        assert p.result(mid, queue=other) is None, "not a message of that queue"
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="wait"):
+            p.result(mid, wait=61)
+        with pytest.raises(TypeError, match="msg_id must be an int"):
+            p.result(str(mid))
+    assert ready is not None
+    assert (ready.state, ready.attempt, ready.result, ready.progress, ready.finished) == ("ready", 0, None, None, False)
+    assert pgqueue.result(db, mid) == ready
+
+    async def main() -> tuple[pgqueue.Outcome | None, ...]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            unknown = await pgqueue.aio.result(conn, -1)
+        async with pgqueue.aio.AsyncProducer(dsn) as ap:
+            again = await ap.result(mid, wait=timedelta(milliseconds=100), queue=q)
+        return unknown, again
+
+    assert asyncio.run(main()) == (None, ready)

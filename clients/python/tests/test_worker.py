@@ -1,6 +1,6 @@
 """The sync Worker against a live server: each message handled once, nack with the error,
-fail for non-retryable errors, renewal beyond the lease, graceful stop, reconnecting, bad
-arguments; and the same for the asyncio worker."""
+fail for non-retryable errors, renewal beyond the lease, results and progress, graceful stop,
+reconnecting, bad arguments; and the same for the asyncio worker."""
 
 from __future__ import annotations
 
@@ -147,6 +147,79 @@ def test_a_cancelled_job_stops_its_handler_and_frees_its_key(dsn, db, make_queue
         wait_for("the cancel recorded", lambda: history_row(db, mid))
     assert history_row(db, mid) == ("cancelled", 1, "not needed")
     assert p.send(q, "again", dedup_key="report-1") != mid, "the key is free once cancelled"
+
+
+def test_a_handlers_return_value_is_the_result_its_caller_awaits(dsn, db, make_queue):
+    q = make_queue()
+    app = "pgqueue-test-awaiter"
+    p = pgqueue.Producer(dsn, application_name=app)
+    mid = p.send(q, {"a": 1, "b": 2})
+
+    def caller_waits() -> bool:
+        return bool(
+            db.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND state = 'active'", [app]
+            ).fetchone()
+        )
+
+    def handle(msg: pgqueue.Message) -> dict[str, int]:
+        wait_for("the caller's wait", caller_waits)  # so that the ack is what ends it
+        return {"sum": msg.payload["a"] + msg.payload["b"]}
+
+    with running(pgqueue.Worker(dsn, q, handle, wait=1)):
+        start = time.monotonic()
+        outcome = p.result(mid, wait=10)
+        took = time.monotonic() - start
+    assert outcome is not None and outcome.finished
+    assert (outcome.state, outcome.attempt, outcome.result) == ("completed", 1, {"sum": 3})
+    assert took < 9, "woken at the ack's commit, not at the end of the wait"
+
+
+def test_progress_goes_with_the_next_renewal(dsn, db, make_queue):
+    q = make_queue(lease="2 s")  # renewed every 2/3 s
+    p = pgqueue.Producer(dsn)
+    mid = p.send(q, {"rows": 3})
+    seen = threading.Event()
+
+    def handle(msg: pgqueue.Message) -> str:
+        msg.report_progress({"done": 1})
+        msg.report_progress({"done": 2})  # replaces the first if no renewal sent it yet
+        assert seen.wait(60), "the progress was never read"
+        return "ok"
+
+    def progress_read() -> pgqueue.Outcome | None:
+        outcome = p.result(mid)
+        return outcome if outcome and outcome.progress == {"done": 2} else None
+
+    with running(pgqueue.Worker(dsn, q, handle, wait=1)):
+        running_outcome = wait_for("the progress", progress_read)
+        seen.set()
+        done = p.result(mid, wait=10)
+    assert (running_outcome.state, running_outcome.finished) == ("claimed", False)
+    assert done is not None
+    assert (done.state, done.result, done.progress) == ("completed", "ok", {"done": 2}), "kept in history"
+
+
+def test_a_result_or_progress_the_server_refuses_is_left_out(dsn, db, make_queue, caplog):
+    q = make_queue(lease="2 s")
+    small = dsn + " options='-c pgqueue.max_payload_bytes=64'"
+    p = pgqueue.Producer(dsn)
+    big, odd = p.send(q, "big"), p.send(q, "odd")
+    caplog.set_level(logging.ERROR, logger="pgqueue")
+
+    def handle(msg: pgqueue.Message) -> object:
+        msg.report_progress("x" * 100)  # too large (54000): the renewal goes on without it
+        time.sleep(3)  # past the lease: renewed all the same
+        return "y" * 100 if msg.payload == "big" else object()  # too large; not JSON
+
+    with running(pgqueue.Worker(small, q, handle, concurrency=2, wait=1)):
+        wait_for("both completed", lambda: outcomes(db, q).get("completed") == 2)
+    for mid in (big, odd):
+        outcome = p.result(mid)
+        assert outcome is not None
+        assert (outcome.state, outcome.attempt, outcome.result, outcome.progress) == ("completed", 1, None, None)
+    assert caplog.text.count("its result was refused") == 2
+    assert "renewing" in caplog.text
 
 
 def test_graceful_stop_finishes_running_handlers(dsn, db, make_queue):
@@ -378,6 +451,29 @@ def test_async_cancelled_job_stops_its_handler(dsn, db, make_queue):
 
     asyncio.run(arun(pgqueue.aio.AsyncWorker(dsn, q, handle, wait=1), cancelled))
     assert history_row(db, mid) == ("cancelled", 1, "not needed")
+
+
+def test_async_worker_reports_progress_and_its_result(dsn, db, make_queue):
+    q = make_queue(lease="2 s")
+    mid = pgqueue.Producer(dsn).send(q, {"a": 1, "b": 2})
+    seen = asyncio.Event()
+
+    async def handle(msg: pgqueue.Message) -> dict[str, int]:
+        msg.report_progress({"done": 1})
+        await seen.wait()
+        return {"sum": msg.payload["a"] + msg.payload["b"]}
+
+    async def awaited() -> None:
+        async with pgqueue.aio.AsyncProducer(dsn) as p:
+            while (running_outcome := await p.result(mid)) is None or running_outcome.progress is None:
+                await asyncio.sleep(0.05)
+            assert (running_outcome.state, running_outcome.progress) == ("claimed", {"done": 1})
+            seen.set()
+            done = await p.result(mid, wait=10)
+        assert done is not None
+        assert (done.state, done.result, done.progress) == ("completed", {"sum": 3}, {"done": 1})
+
+    asyncio.run(arun(pgqueue.aio.AsyncWorker(dsn, q, handle, wait=1), awaited))
 
 
 def test_async_graceful_stop_gives_back_what_it_holds(dsn, db, make_queue):

@@ -1,9 +1,10 @@
 //! Sending: on the caller's client or transaction, so a message commits (or vanishes) with
-//! the caller's own writes. Nothing here commits.
+//! the caller's own writes. Nothing here commits. And reading, or awaiting, what became of a
+//! message ([`result`]).
 
 use crate::{Error, Param, Result, interval};
 use serde_json::Value;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio_postgres::GenericClient;
 use tokio_postgres::types::{ToSql, Type};
 
@@ -123,4 +124,65 @@ pub async fn send_batch(
     );
     let rows = client.query_typed(&sql, &call.params()).await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// What became of a message so far, as [`result`] reads it (`pgq_result`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// `ready`, `delayed` or `claimed` while it waits or runs; once finished, its outcome:
+    /// `completed`, `dead` or `cancelled`.
+    pub state: String,
+    /// Claims of it so far.
+    pub attempt: i32,
+    /// What its ack stored (completed messages only): [`Message::set_result`](crate::Message::set_result).
+    pub result: Option<Value>,
+    /// The latest progress its handlers reported (kept across retries):
+    /// [`Message::report_progress`](crate::Message::report_progress).
+    pub progress: Option<Value>,
+    /// The last error: a nack's, a fail's, a cancel's reason.
+    pub last_error: Option<String>,
+    pub enqueued_at: SystemTime,
+    /// Set once it finished.
+    pub finished_at: Option<SystemTime>,
+}
+
+impl Outcome {
+    /// Whether the message finished (`state` is then its outcome).
+    pub fn finished(&self) -> bool {
+        self.finished_at.is_some()
+    }
+}
+
+/// What became of message `msg_id` (of `queue`, if given): None when there is no such message
+/// (or its history was pruned). With `wait` (at most 1 minute), a message not finished yet is
+/// waited for: the call returns at the commit that finishes it, or when `wait` runs out with
+/// the message as it is then (not [`finished`](Outcome::finished)). Waiting needs READ
+/// COMMITTED (SQLSTATE 0A000 otherwise) and holds `client`'s connection meanwhile.
+pub async fn result(
+    client: &impl GenericClient,
+    msg_id: i64,
+    wait: Option<Duration>,
+    queue: Option<&str>,
+) -> Result<Option<Outcome>> {
+    let mut call = Call::new();
+    call.arg("msg_id", Type::INT8, msg_id);
+    if let Some(wait) = wait {
+        call.interval("wait", wait);
+    }
+    if let Some(queue) = queue {
+        call.arg("queue", Type::TEXT, queue.to_owned());
+    }
+    let sql = format!(
+        "SELECT state, attempt, result, progress, last_error, enqueued_at, finished_at FROM pgqueue.pgq_result({})",
+        call.args.join(", ")
+    );
+    Ok(client.query_typed_opt(&sql, &call.params()).await?.map(|r| Outcome {
+        state: r.get(0),
+        attempt: r.get(1),
+        result: r.get(2),
+        progress: r.get(3),
+        last_error: r.get(4),
+        enqueued_at: r.get(5),
+        finished_at: r.get(6),
+    }))
 }

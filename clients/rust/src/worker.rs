@@ -10,7 +10,7 @@ use crate::{Error, HandlerError, Param, Result, interval};
 use serde_json::Value;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinError, JoinSet};
@@ -136,6 +136,46 @@ pub struct Message {
     /// handler returned; the server records a requested cancel as `cancelled` whatever the
     /// call (and changes nothing for a lost claim).
     pub stop: CancellationToken,
+    reports: Arc<Reports>,
+}
+
+impl Message {
+    /// Sets the job's result: when the handler returns `Ok`, the ack stores it
+    /// (`pgq_ack(…, result => …)`) for [`result`](crate::result) to read. The last call counts.
+    /// A result the server refuses (larger than `pgqueue.max_payload_bytes`, or a server before
+    /// 0.16.0) is logged and the message acked without it: the work is done.
+    pub fn set_result(&self, value: Value) {
+        *lock(&self.reports.result) = Some(value);
+    }
+
+    /// Reports how far the job got: sent with the next lease renewal (within lease/3) and kept
+    /// with the message for [`result`](crate::result) to read, also by a later attempt that
+    /// resumes. A newer report replaces one not sent yet; one still unsent when the handler
+    /// returns is dropped (its result is what counts), and so is one the server refuses.
+    pub fn report_progress(&self, value: Value) {
+        *lock(&self.reports.progress) = Some(value);
+    }
+}
+
+/// What a handler reports through its message (and its clones): the latest progress not sent
+/// yet, which the next renewal takes, and the result for the ack.
+#[derive(Debug, Default)]
+struct Reports {
+    progress: std::sync::Mutex<Option<Value>>,
+    result: std::sync::Mutex<Option<Value>>,
+}
+
+impl Reports {
+    /// Progress whose renewal did not get through goes with the next one, unless a newer
+    /// report came meanwhile.
+    fn put_back(&self, progress: Value) {
+        lock(&self.progress).get_or_insert(progress);
+    }
+}
+
+fn lock(slot: &std::sync::Mutex<Option<Value>>) -> std::sync::MutexGuard<'_, Option<Value>> {
+    // Held for a move in or out only, which cannot leave it half done.
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Runs `handler` on the messages of one queue; see [`Worker::run`].
@@ -336,6 +376,7 @@ async fn claim(client: &Client, shared: &Shared, qty: usize) -> Result<Vec<Claim
                 enqueued_at: r.get(6),
                 lease_expires_at: r.get(7),
                 stop: CancellationToken::new(),
+                reports: Arc::default(),
             },
             lease: secs(r.get(8)),
         })
@@ -353,20 +394,43 @@ struct Shared {
 }
 
 enum Op {
-    Renew,
-    Ack,
+    Renew { progress: Option<Value> },
+    Ack { result: Option<Value> },
     Nack { retry_in: Option<Duration>, error: String },
     Fail { error: String },
+}
+
+impl Op {
+    /// The same op without the progress or result it carries; None if it carries none.
+    fn without_report(&self) -> Option<Op> {
+        match self {
+            Op::Renew { progress: Some(_) } => Some(Op::Renew { progress: None }),
+            Op::Ack { result: Some(_) } => Some(Op::Ack { result: None }),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Op::Renew => "renew",
-            Op::Ack => "ack",
+            Op::Renew { .. } => "renew",
+            Op::Ack { .. } => "ack",
             Op::Nack { .. } => "nack",
             Op::Fail { .. } => "fail",
         })
+    }
+}
+
+/// `, <name> => $n` with `report` added to `params`; nothing without one, so that a call
+/// without a report is what a server before 0.16.0 knows.
+fn report<'a>(params: &mut Vec<Param<'a>>, name: &str, value: &'a Option<Value>) -> String {
+    match value {
+        Some(value) => {
+            params.push((value, Type::JSONB));
+            format!(", {name} => ${}", params.len())
+        }
+        None => String::new(),
     }
 }
 
@@ -383,21 +447,38 @@ impl Shared {
         Ok(client)
     }
 
-    /// One try of `op`; true when the claim was still held (and now renewed or finished).
+    /// One try of `op`; true when the claim was still held (and now renewed or finished). A
+    /// progress or result the server refuses (54000: larger than `pgqueue.max_payload_bytes`;
+    /// 42883: a server before 0.16.0) is left out, and `op` made again without it.
     async fn try_op(&self, op: &Op, id: i64, token: Uuid) -> Result<bool> {
+        match (self.call(op, id, token).await, op.without_report()) {
+            (Err(e), Some(plain)) if matches!(e.sqlstate(), Some("54000" | "42883")) => {
+                log::error!("pgqueue worker: message {id}: its {op} was refused ({e}); made again without its report");
+                self.call(&plain, id, token).await
+            }
+            (result, _) => result,
+        }
+    }
+
+    async fn call(&self, op: &Op, id: i64, token: Uuid) -> Result<bool> {
         let client = self.finisher().await?;
         // The queue-qualified forms: every call names its queue (pgqueue 0.14.0 and later).
         let queue: Param = (&self.config.queue, Type::TEXT);
         let row = match op {
-            Op::Renew => {
-                let sql =
-                    "SELECT pgqueue.pgq_renew(queue => $4, msg_id => $1, claim_token => $2, lease => $3::interval)";
-                let params: [Param; 4] = [(&id, Type::INT8), (&token, Type::UUID), (&self.lease, Type::TEXT), queue];
-                client.query_typed_one(sql, &params).await?
+            Op::Renew { progress } => {
+                let mut params: Vec<Param> =
+                    vec![(&id, Type::INT8), (&token, Type::UUID), (&self.lease, Type::TEXT), queue];
+                let progress = report(&mut params, "progress", progress);
+                let sql = format!(
+                    "SELECT pgqueue.pgq_renew(queue => $4, msg_id => $1, claim_token => $2, lease => $3::interval{progress})"
+                );
+                client.query_typed_one(&sql, &params).await?
             }
-            Op::Ack => {
-                let sql = "SELECT pgqueue.pgq_ack(queue => $3, msg_id => $1, claim_token => $2)";
-                client.query_typed_one(sql, &[(&id, Type::INT8), (&token, Type::UUID), queue]).await?
+            Op::Ack { result } => {
+                let mut params: Vec<Param> = vec![(&id, Type::INT8), (&token, Type::UUID), queue];
+                let result = report(&mut params, "result", result);
+                let sql = format!("SELECT pgqueue.pgq_ack(queue => $3, msg_id => $1, claim_token => $2{result})");
+                client.query_typed_one(&sql, &params).await?
             }
             Op::Nack { retry_in, error } => {
                 let sql = "SELECT pgqueue.pgq_nack(queue => $5, msg_id => $1, claim_token => $2,
@@ -440,8 +521,9 @@ impl Shared {
     }
 }
 
-/// One message: the handler in a task of its own, its lease renewed every lease/3 meanwhile,
-/// then ack, nack or fail by its outcome — or given back if the worker stops first.
+/// One message: the handler in a task of its own, its lease renewed every lease/3 meanwhile
+/// (with the progress it reported), then ack (with its result), nack or fail by its outcome —
+/// or given back if the worker stops first.
 async fn process<H, F>(
     shared: Arc<Shared>,
     handler: Arc<H>,
@@ -453,7 +535,7 @@ async fn process<H, F>(
     F: Future<Output = std::result::Result<(), HandlerError>> + Send + 'static,
 {
     let Claimed { msg, lease } = claimed;
-    let (id, token, stop) = (msg.msg_id, msg.claim_token, msg.stop.clone());
+    let (id, token, stop, reports) = (msg.msg_id, msg.claim_token, msg.stop.clone(), msg.reports.clone());
     let mut lease_end = Instant::now() + lease;
     if lease.is_zero() {
         // Only a server before 0.6.0, where a waiting claim's lease ran from the statement's
@@ -462,7 +544,8 @@ async fn process<H, F>(
     }
     let renew = async |lease_end: &mut Instant| -> bool {
         let asked = Instant::now();
-        match shared.try_op(&Op::Renew, id, token).await {
+        let renewal = Op::Renew { progress: lock(&reports.progress).take() };
+        match shared.try_op(&renewal, id, token).await {
             Ok(true) => {
                 *lease_end = asked + lease;
                 true
@@ -477,6 +560,9 @@ async fn process<H, F>(
             }
             Err(e) => {
                 log::warn!("pgqueue worker: renewing message {id} failed ({e}); trying again");
+                if let Op::Renew { progress: Some(progress) } = renewal {
+                    reports.put_back(progress);
+                }
                 true
             }
         }
@@ -499,7 +585,7 @@ async fn process<H, F>(
 
     let op = match outcome {
         None => Op::Nack { retry_in: Some(Duration::ZERO), error: "worker stopped before the handler finished".into() },
-        Some(Ok(Ok(()))) => Op::Ack,
+        Some(Ok(Ok(()))) => Op::Ack { result: lock(&reports.result).take() },
         Some(Ok(Err(HandlerError::Retry { error, retry_in }))) => Op::Nack { retry_in, error },
         Some(Ok(Err(HandlerError::Permanent { error }))) => Op::Fail { error },
         Some(Err(e)) => Op::Nack { retry_in: None, error: panic_text(e) },

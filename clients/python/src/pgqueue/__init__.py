@@ -4,8 +4,8 @@ Sync API here; its asyncio twin is `pgqueue.aio`. Logs go to the `pgqueue` logge
 """
 
 from .messages import Message, error_text
-from .producer import Producer, send, send_batch
+from .producer import Outcome, Producer, result, send, send_batch
 from .worker import Worker
 
-__all__ = ["Message", "Producer", "Worker", "error_text", "send", "send_batch"]
+__all__ = ["Message", "Outcome", "Producer", "Worker", "error_text", "result", "send", "send_batch"]
 __version__ = "0.5.0"

@@ -1,6 +1,6 @@
-"""The asyncio twin of `pgqueue`: `send`, `send_batch`, `AsyncProducer` and `AsyncWorker`,
-with the same arguments and behaviour as the sync ones (handlers are coroutine functions and
-run as tasks)."""
+"""The asyncio twin of `pgqueue`: `send`, `send_batch`, `result`, `AsyncProducer` and
+`AsyncWorker`, with the same arguments and behaviour as the sync ones (handlers are coroutine
+functions and run as tasks)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,19 @@ from typing import Any
 import psycopg
 
 from .messages import Message, Seconds, backoff, error_text, short
-from .producer import send_batch_query, send_query
-from .worker import CONNECTION_ERRORS, Held, Settings, fenced_false, log, shorter_wait, wait_unsupported
+from .producer import Outcome, result_query, send_batch_query, send_query
+from .worker import (
+    CONNECTION_ERRORS,
+    REFUSED,
+    Held,
+    Settings,
+    fenced_false,
+    log,
+    put_back,
+    refused_result,
+    shorter_wait,
+    wait_unsupported,
+)
 
 AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
 AsyncHandler = Callable[[Message], Awaitable[object]]
@@ -61,6 +72,15 @@ async def send_batch(
     return [int(i) for i in row[0] or []]
 
 
+async def result(
+    target: AsyncTarget, msg_id: int, wait: Seconds | None = None, queue: str | None = None
+) -> Outcome | None:
+    """`pgqueue.result` on an AsyncConnection or AsyncCursor."""
+    cur = await _cursor(target, "result").execute(*result_query(msg_id, wait, queue))
+    row = await cur.fetchone()
+    return None if row is None else Outcome(*row)
+
+
 def _cursor(target: Any, what: str) -> Any:
     if isinstance(target, psycopg.AsyncConnection):
         return target.cursor()
@@ -92,15 +112,18 @@ class AsyncProducer:
         )
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
-    async def _run(self, sql: str, params: list[Any]) -> Any:
+    async def _row(self, sql: str, params: list[Any]) -> Any:
         if self._conn is None or self._conn.closed:
             self._conn = await psycopg.AsyncConnection.connect(self._dsn, **self._connect_args)
         conn = self._conn
         try:
-            row = await (await conn.execute(sql, params)).fetchone()
+            return await (await conn.execute(sql, params)).fetchone()
         except psycopg.OperationalError:
             await conn.close()
             raise
+
+    async def _run(self, sql: str, params: list[Any]) -> Any:
+        row = await self._row(sql, params)
         assert row is not None
         return row[0]
 
@@ -131,6 +154,10 @@ class AsyncProducer:
         ids = await self._run(*send_batch_query(queue, payloads, delay, priority, headers, dedup_keys, dedup_for))
         return [int(i) for i in ids or []]
 
+    async def result(self, msg_id: int, wait: Seconds | None = None, queue: str | None = None) -> Outcome | None:
+        row = await self._row(*result_query(msg_id, wait, queue))
+        return None if row is None else Outcome(*row)
+
     async def close(self) -> None:
         if self._conn is not None:
             await self._conn.close()
@@ -157,6 +184,8 @@ class _AsyncLink:
             conn = self._conn
         try:
             return await (await conn.execute(sql, params)).fetchall()
+        except REFUSED:
+            raise  # the connection is fine
         except CONNECTION_ERRORS:
             await self.drop(conn)
             raise
@@ -336,9 +365,9 @@ class AsyncWorker:
     # -- handling -------------------------------------------------------------------------
 
     async def _execute(self, held: Held) -> None:
-        outcome, error = "ack", None
+        outcome, error, result = "ack", None, None
         try:
-            await self._handler(held.message)
+            result = await self._handler(held.message)
         except asyncio.CancelledError:
             if held.state == "given_back":
                 return  # given back at the end of the grace period
@@ -351,15 +380,22 @@ class AsyncWorker:
             return
         held.state = "finishing"
         try:
-            await self._call_until_done(held, outcome, error)
+            await self._call_until_done(held, outcome, error, result)
         finally:
             await self._forget(held)
 
-    async def _call_until_done(self, held: Held, outcome: str, error: str | None) -> None:
+    async def _call_until_done(self, held: Held, outcome: str, error: str | None, result: Any) -> None:
         failures = 0
         while True:
             try:
-                rows = await self._link.fetch(*self.settings.finish_query(held, outcome, error))
+                rows = await self._link.fetch(*self.settings.finish_query(held, outcome, error, result))
+            except REFUSED as exc:
+                if result is None:
+                    log.error("%s of message %d failed: %s", outcome, held.message.msg_id, exc)
+                    return
+                refused_result(held, exc)
+                result = None
+                continue
             except CONNECTION_ERRORS as exc:
                 if self._done.is_set():
                     log.error(
@@ -396,10 +432,16 @@ class AsyncWorker:
 
     async def _renew(self, due: list[Held]) -> None:
         now = time.monotonic()
+        progress = [h.message._progress.take() for h in due]
         try:
-            rows = await self._link.fetch(*self.settings.renew_query(due))
+            rows = await self._link.fetch(*self.settings.renew_query(due, progress))
+        except REFUSED as exc:
+            # Refused progress is dropped: the renewal is due again at once, without it.
+            log.error("renewing %d leases failed: %s", len(due), exc)
+            return
         except CONNECTION_ERRORS as exc:
             log.warning("renewing %d leases failed (%s); trying again", len(due), short(exc))
+            put_back(due, progress)
             await asyncio.sleep(backoff(1, self.settings.max_backoff))
             return
         except psycopg.Error as exc:

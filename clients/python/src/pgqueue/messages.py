@@ -13,6 +13,30 @@ Seconds = timedelta | int | float
 """An interval: a timedelta, or a number of seconds."""
 
 
+class Latest:
+    """The latest progress reported and not sent yet: reported by the handler, taken by the
+    renewal that sends it (another thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value: Any = None
+
+    def put(self, value: Any) -> None:
+        with self._lock:
+            self._value = value
+
+    def take(self) -> Any:
+        with self._lock:
+            value, self._value = self._value, None
+            return value
+
+    def put_back(self, value: Any) -> None:
+        """A report whose renewal did not get through, unless a newer one came meanwhile."""
+        with self._lock:
+            if self._value is None:
+                self._value = value
+
+
 @dataclass(frozen=True)
 class Message:
     """A claimed message, as the handler sees it."""
@@ -31,6 +55,15 @@ class Message:
     cancel was requested (`pgq_cancel`) or it was lost. Check `stop.is_set()` between steps and
     return; the worker finishes the message as the handler returned, and the server records a
     requested cancel as `cancelled` whatever the call (and changes nothing for a lost claim)."""
+    _progress: Latest = field(default_factory=Latest, init=False, repr=False, compare=False)
+
+    def report_progress(self, value: Any) -> None:
+        """Reports how far the job got: `value` (anything JSON can hold; None: nothing) is sent
+        with the worker's next lease renewal (within lease/3) and kept with the message, for
+        `pgqueue.result` to read, also after a retry. A newer report replaces one not sent yet;
+        one still unsent when the handler returns is dropped (its result is what counts).
+        Thread-safe."""
+        self._progress.put(value)
 
 
 def interval(value: Seconds | None, name: str) -> timedelta | None:

@@ -1,9 +1,12 @@
 """Sending messages: inside the caller's transaction (`send`, `send_batch`), or on a
-connection of the producer's own that commits each call (`Producer`)."""
+connection of the producer's own that commits each call (`Producer`); and reading, or
+awaiting, what became of one (`result`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -54,6 +57,36 @@ def send_batch(
     return [int(i) for i in row[0] or []]
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a message so far, as `result` reads it (`pgq_result`)."""
+
+    state: str
+    """'ready', 'delayed' or 'claimed' while it waits or runs; once finished, its outcome:
+    'completed', 'dead' or 'cancelled'."""
+    attempt: int
+    result: Any
+    """What its handler returned (completed messages only; None: nothing)."""
+    progress: Any
+    """The latest progress its handlers reported (kept across retries)."""
+    last_error: str | None
+    enqueued_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+
+def result(target: Target, msg_id: int, wait: Seconds | None = None, queue: str | None = None) -> Outcome | None:
+    """What became of message `msg_id` (of `queue`, if given); None when there is no such
+    message (or its history was pruned). With `wait` (at most 60 s), a message not finished yet
+    is waited for: the call returns at the commit that finishes it, or when `wait` runs out
+    with the message as it is then (not `finished`). Waiting needs READ COMMITTED."""
+    row = _cursor(target, "result").execute(*result_query(msg_id, wait, queue)).fetchone()
+    return None if row is None else Outcome(*row)
+
+
 class Producer:
     """Sends on a connection of its own; each call is its own transaction, committed when it
     returns. If the connection breaks during a call, the call raises (the message may or may
@@ -82,13 +115,16 @@ class Producer:
             self._conn = psycopg.connect(self._dsn, **self._connect_args)
         return self._conn
 
-    def _run(self, sql: str, params: list[Any]) -> Any:
+    def _row(self, sql: str, params: list[Any]) -> Any:
         conn = self._connection()
         try:
-            row = conn.execute(sql, params).fetchone()
+            return conn.execute(sql, params).fetchone()
         except psycopg.OperationalError:
             conn.close()
             raise
+
+    def _run(self, sql: str, params: list[Any]) -> Any:
+        row = self._row(sql, params)
         assert row is not None
         return row[0]
 
@@ -120,6 +156,11 @@ class Producer:
         """`send_batch`, committed."""
         ids = self._run(*send_batch_query(queue, payloads, delay, priority, headers, dedup_keys, dedup_for))
         return [int(i) for i in ids or []]
+
+    def result(self, msg_id: int, wait: Seconds | None = None, queue: str | None = None) -> Outcome | None:
+        """`result`; a wait holds the producer's connection (its other calls wait meanwhile)."""
+        row = self._row(*result_query(msg_id, wait, queue))
+        return None if row is None else Outcome(*row)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -215,3 +256,21 @@ def send_batch_query(
         f"queue => %s::text, payloads => %s::jsonb[], {', '.join(args)}) WITH ORDINALITY AS s(id, n)"
     )
     return sql, [queue, [Jsonb(p) for p in payloads], *params]
+
+
+def result_query(msg_id: int, wait: Seconds | None, queue: str | None) -> tuple[str, list[Any]]:
+    if not isinstance(msg_id, int) or isinstance(msg_id, bool):
+        raise TypeError(f"msg_id must be an int, not {type(msg_id).__name__}")
+    args: list[str] = ["msg_id => %s::bigint"]
+    params: list[Any] = [msg_id]
+    if wait is not None:
+        args.append("wait => %s::interval")
+        params.append(interval(wait, "wait"))
+    if queue is not None:
+        args.append("queue => %s::text")
+        params.append(queue)
+    sql = (
+        "SELECT state, attempt, result, progress, last_error, enqueued_at, finished_at"
+        f" FROM pgqueue.pgq_result({', '.join(args)})"
+    )
+    return sql, params

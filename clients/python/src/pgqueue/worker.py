@@ -1,6 +1,7 @@
 """The worker: claims messages, runs a handler per message (at most `concurrency` at once, in
-threads), renews their leases while the handlers run, acks, nacks or fails them, stops
-gracefully and reconnects after connection losses."""
+threads), renews their leases while the handlers run (with the progress they report), acks
+(with what they return), nacks or fails them, stops gracefully and reconnects after
+connection losses."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.types.json import Jsonb
 
 from .messages import Message, Seconds, backoff, error_text, interval, seconds, short
 
@@ -28,6 +30,10 @@ Handler = Callable[[Message], object]
 
 # A lost or closed connection: reconnect and try again.
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+
+# A handler's result or progress refused: too large (54000: an OperationalError, so caught
+# before CONNECTION_ERRORS), by a server before 0.16.0 (42883), or not JSON (before the call).
+REFUSED = (pg_errors.ProgramLimitExceeded, pg_errors.UndefinedFunction, TypeError, ValueError)
 
 
 @dataclass
@@ -146,16 +152,35 @@ class Settings:
             params,
         )
 
-    def renew_query(self, held: list[Held]) -> tuple[str, list[Any]]:
+    def renew_query(self, held: list[Held], progress: list[Any]) -> tuple[str, list[Any]]:
+        # Progress (beside msg_ids, None: unchanged) only when some message has a new report:
+        # a server before 0.16.0 has no such argument.
+        params: list[Any] = [
+            self.queue,
+            [h.message.msg_id for h in held],
+            [h.message.claim_token for h in held],
+            self.lease,
+        ]
+        reports = ""
+        if any(p is not None for p in progress):
+            reports = ", progress => %s::jsonb[]"
+            params.append([None if p is None else Jsonb(p) for p in progress])
         return (
             "SELECT coalesce(array_agg(r), '{}') FROM pgqueue.pgq_renew(queue => %s::text,"
-            " msg_ids => %s::bigint[], claim_tokens => %s::uuid[], lease => %s::interval) r",
-            [self.queue, [h.message.msg_id for h in held], [h.message.claim_token for h in held], self.lease],
+            f" msg_ids => %s::bigint[], claim_tokens => %s::uuid[], lease => %s::interval{reports}) r",
+            params,
         )
 
-    def finish_query(self, held: Held, outcome: str, error: str | None) -> tuple[str, list[Any]]:
+    def finish_query(self, held: Held, outcome: str, error: str | None, result: Any = None) -> tuple[str, list[Any]]:
         m = held.message
         if outcome == "ack":
+            # A result only when the handler returned one (a server before 0.16.0 has none).
+            if result is not None:
+                return (
+                    "SELECT pgqueue.pgq_ack(queue => %s::text, msg_id => %s::bigint, claim_token => %s::uuid,"
+                    " result => %s::jsonb)",
+                    [self.queue, m.msg_id, m.claim_token, Jsonb(result)],
+                )
             return (
                 "SELECT pgqueue.pgq_ack(queue => %s::text, msg_id => %s::bigint, claim_token => %s::uuid)",
                 [self.queue, m.msg_id, m.claim_token],
@@ -226,6 +251,19 @@ def shorter_wait(exc: Exception, wait: float) -> bool:
     return True
 
 
+def refused_result(held: Held, exc: Exception) -> None:
+    """A handler's result the ack could not store: the work is done, so the message is acked
+    without it rather than left to be done again (which would not get it stored either)."""
+    log.error("message %d: its result was refused (%s); acking it without", held.message.msg_id, short(exc))
+
+
+def put_back(held: list[Held], progress: list[Any]) -> None:
+    """Progress whose renewal did not get through goes with the next one."""
+    for h, p in zip(held, progress, strict=True):
+        if p is not None:
+            h.message._progress.put_back(p)
+
+
 def fenced_false(what: str, held: Held) -> None:
     m = held.message
     log.warning(
@@ -260,6 +298,8 @@ class _Link:
         conn = self.get()
         try:
             return conn.execute(sql, params).fetchall()
+        except REFUSED:
+            raise  # the connection is fine
         except CONNECTION_ERRORS:
             self.drop(conn)
             raise
@@ -282,9 +322,11 @@ class _Link:
 class Worker:
     """Runs `handler(message)` for each message of `queue`, in up to `concurrency` threads.
 
-    A handler that returns acks its message; one that raises nacks it with the exception's
+    A handler that returns acks its message, with what it returned (if not None, anything
+    JSON can hold) as the message's result; one that raises nacks it with the exception's
     type and text (retried after `retry_in`, or the server's backoff), or fails it (dead
-    letter at once) if the exception is an instance of one of `non_retryable`.
+    letter at once) if the exception is an instance of one of `non_retryable`. Progress a
+    handler reports (`message.report_progress`) goes with the next lease renewal.
     """
 
     def __init__(
@@ -464,16 +506,16 @@ class Worker:
         while (held := self._jobs.get()) is not None:
             if held.state != "running":
                 continue
-            outcome, error = "ack", None
+            outcome, error, result = "ack", None, None
             try:
-                self._handler(held.message)
+                result = self._handler(held.message)
             except BaseException as exc:  # noqa: BLE001 - every failure is reported to the server
                 error = error_text(exc)
                 outcome = "fail" if isinstance(exc, self.settings.non_retryable) else "nack"
                 log.info("message %d (attempt %d) failed: %s", held.message.msg_id, held.message.attempt, error)
-            self._finish(held, outcome, error)
+            self._finish(held, outcome, error, result)
 
-    def _finish(self, held: Held, outcome: str, error: str | None) -> None:
+    def _finish(self, held: Held, outcome: str, error: str | None, result: Any) -> None:
         with self._changed:
             if held.state != "running":
                 log.warning(
@@ -482,17 +524,24 @@ class Worker:
                 return
             held.state = "finishing"
         try:
-            self._call_until_done(held, outcome, error)
+            self._call_until_done(held, outcome, error, result)
         finally:
             self._forget(held)
 
-    def _call_until_done(self, held: Held, outcome: str, error: str | None) -> None:
+    def _call_until_done(self, held: Held, outcome: str, error: str | None, result: Any) -> None:
         """One finishing call, tried again through connection losses (with the same token: if
         the claim was lost meanwhile, the fence makes it change nothing)."""
         failures = 0
         while True:
             try:
-                rows = self._link.fetch(*self.settings.finish_query(held, outcome, error))
+                rows = self._link.fetch(*self.settings.finish_query(held, outcome, error, result))
+            except REFUSED as exc:
+                if result is None:
+                    log.error("%s of message %d failed: %s", outcome, held.message.msg_id, exc)
+                    return
+                refused_result(held, exc)
+                result = None
+                continue
             except CONNECTION_ERRORS as exc:
                 if self._done.is_set():
                     log.error(
@@ -528,10 +577,16 @@ class Worker:
 
     def _renew(self, due: list[Held]) -> None:
         now = time.monotonic()
+        progress = [h.message._progress.take() for h in due]
         try:
-            rows = self._link.fetch(*self.settings.renew_query(due))
+            rows = self._link.fetch(*self.settings.renew_query(due, progress))
+        except REFUSED as exc:
+            # Refused progress is dropped: the renewal is due again at once, without it.
+            log.error("renewing %d leases failed: %s", len(due), exc)
+            return
         except CONNECTION_ERRORS as exc:
             log.warning("renewing %d leases failed (%s); trying again", len(due), short(exc))
+            put_back(due, progress)
             time.sleep(backoff(1, self.settings.max_backoff))
             return
         except psycopg.Error as exc:
