@@ -130,6 +130,8 @@ pub mod pg_test {
             "pgqueue.prune_interval = '1s'",
             // Tests make several databases, each with its worker (default 8 slots in all).
             "max_worker_processes = 16",
+            // Tests run side by side, some with 64 connections of their own.
+            "max_connections = 200",
         ]
     }
 }

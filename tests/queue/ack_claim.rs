@@ -648,7 +648,8 @@ fn ack_claim_privileges() {
     let q = new_queue(&mut c, "");
     send_many(&mut c, &q, 3, "0");
     let (a, ta) = held(&claim(&mut c, &q, 1, Some("1 hour")))[0];
-    let signature = "pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval)";
+    let signature =
+        "pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval, jsonb[])";
     for (role, expected) in
         [("public", false), ("pgqueue_producer", false), ("pgqueue_consumer", true), ("pgqueue_admin", true)]
     {

@@ -10,6 +10,10 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// The tests that hold many connections at once (the test cluster's max_connections is 100,
+/// and tests run side by side) take turns.
+static MANY_CONNECTIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A wait of 50 s that ends before this was woken, not timed out: a functional check, not a
 /// latency one (as in tests/waiting.rs).
 const WOKEN: Duration = Duration::from_secs(25);
@@ -262,6 +266,7 @@ fn a_waiting_result_is_woken_by_the_commit_that_finishes_it() {
 
 #[test]
 fn every_way_a_message_finishes_wakes_its_waiters() {
+    let _turn = MANY_CONNECTIONS.lock().unwrap_or_else(|e| e.into_inner());
     let mut c = connect();
     let q = new_queue(&mut c, ", max_attempts => 1");
     // 64 waiters, on 16 messages (four each): acked in one transaction, in a batch, failed,
@@ -341,7 +346,7 @@ fn a_waiter_that_is_cancelled_or_terminated_leaves_no_trace() {
     });
 }
 
-/// Randomized, seeded (`PGQUEUE_RESULT_RACE_SEED` replays a run): 48 waiters on 24 messages
+/// Randomized, seeded (`PGQUEUE_RESULT_RACE_SEED` replays a run): 32 waiters on 24 messages
 /// (some on the same one, some arriving after it finished) while 4 finishers claim and finish
 /// them every way there is, in transactions that roll back whole or to a savepoint, and nack
 /// some for another attempt first. Checked against what committed: every waiter returns its
@@ -349,6 +354,7 @@ fn a_waiter_that_is_cancelled_or_terminated_leaves_no_trace() {
 /// commit that finished it began.
 #[test]
 fn waiters_racing_finishes_rollbacks_and_retries_see_each_commit() {
+    let _turn = MANY_CONNECTIONS.lock().unwrap_or_else(|e| e.into_inner());
     use crate::common::rng::{Rng, seed_from};
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
@@ -359,7 +365,7 @@ fn waiters_racing_finishes_rollbacks_and_retries_see_each_commit() {
     let base = Instant::now();
     // msg_id -> when the COMMIT that finished it was sent (µs since base).
     let finishing: Arc<Mutex<HashMap<i64, u128>>> = Arc::default();
-    let waiters: Vec<_> = (0..48u64)
+    let waiters: Vec<_> = (0..32u64)
         .map(|w| {
             let mut rng = Rng::new(seed, w);
             let id = ids[rng.below(ids.len() as u64) as usize];
