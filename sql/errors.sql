@@ -86,19 +86,19 @@ BEGIN
 END
 $$;
 
--- How long a claim may wait for messages: from zero to one minute (the claim is one
+-- How long a claim (or pgq_result, `what`) may wait: from zero to one minute (the call is one
 -- statement, and holds its snapshot while it waits). Waiting needs a fresh snapshot per
 -- statement to see what others commit meanwhile.
-CREATE FUNCTION pgqueue._check_wait(wait interval) RETURNS interval
+CREATE FUNCTION pgqueue._check_wait(wait interval, what text DEFAULT 'a claim') RETURNS interval
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF pgqueue._require(wait, 'wait') < interval '0' OR wait > interval '1 minute' THEN
         PERFORM pgqueue._invalid('wait', pg_catalog.format('%s is not between 0 and 1 minute', wait));
     END IF;
     IF wait > interval '0' AND pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'pgqueue: a claim can wait only in a READ COMMITTED transaction'
+        RAISE EXCEPTION 'pgqueue: % can wait only in a READ COMMITTED transaction', what
             USING ERRCODE = 'feature_not_supported',
-                  HINT = 'In REPEATABLE READ or SERIALIZABLE nothing committed after the transaction began becomes visible: claim with wait => ''0''.';
+                  HINT = 'In REPEATABLE READ or SERIALIZABLE nothing committed after the transaction began becomes visible: call it with wait => ''0''.';
     END IF;
     RETURN wait;
 END

@@ -59,12 +59,11 @@ BEGIN
         PERFORM pgqueue._require(msg_id, 'msg_id');
         PERFORM pgqueue._require(claim_token, 'claim_token');
     END IF;
-    IF result IS NULL THEN
-        RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'completed', NULL, queue));
+    IF result IS NOT NULL THEN
+        PERFORM pgqueue._check_reports(ARRAY[result], 1, 'result');
     END IF;
-    PERFORM pgqueue._check_reports(ARRAY[result], 1, 'result');
     RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'completed', NULL, queue,
-                                                   ARRAY[result]));
+                                                   CASE WHEN result IS NOT NULL THEN ARRAY[result] END));
 END
 $$;
 
@@ -368,15 +367,7 @@ BEGIN
         PERFORM pgqueue._queue(queue);
     END IF;
     PERFORM pgqueue._require(msg_id, 'msg_id');
-    IF pgqueue._require(wait, 'wait') < interval '0' OR wait > interval '1 minute' THEN
-        PERFORM pgqueue._invalid('wait', pg_catalog.format('%s is not between 0 and 1 minute', wait));
-    END IF;
-    IF wait > interval '0' THEN
-        IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE EXCEPTION 'pgqueue: pgq_result can wait only in a READ COMMITTED transaction'
-                USING ERRCODE = 'feature_not_supported',
-                      HINT = 'In REPEATABLE READ or SERIALIZABLE nothing committed after the transaction began becomes visible: call it with wait => ''0''.';
-        END IF;
+    IF pgqueue._check_wait(wait, 'pgq_result') > interval '0' THEN
         PERFORM pgqueue._await_outcome(msg_id, wait, queue);
     END IF;
     RETURN QUERY

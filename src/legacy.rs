@@ -93,7 +93,8 @@ fn _wait(queue: &str, seen: Option<i64>, deadline: TimestampWithTimeZone) -> boo
     wait::sleep(queue, seen, deadline, 1)
 }
 
-/// `claim::pgq_ack_claim_reporting` without results, as 0.8.0's to 0.15.0's SQL declares it.
+/// `claim::pgq_ack_claim_reporting` without results, as 0.8.0's to 0.15.0's SQL declares it
+/// (the row type is spelled out again: pg_extern takes only a literal tuple of `name!`s).
 #[pg_extern(sql = false)]
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
 fn pgq_ack_claim(

@@ -14,6 +14,25 @@
 ALTER TABLE pgqueue.messages ADD COLUMN progress jsonb;
 ALTER TABLE pgqueue.history ADD COLUMN result jsonb, ADD COLUMN progress jsonb;
 
+DROP FUNCTION pgqueue._check_wait(interval);
+-- How long a claim (or pgq_result, `what`) may wait: from zero to one minute (the call is one
+-- statement, and holds its snapshot while it waits). Waiting needs a fresh snapshot per
+-- statement to see what others commit meanwhile.
+CREATE FUNCTION pgqueue._check_wait(wait interval, what text DEFAULT 'a claim') RETURNS interval
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF pgqueue._require(wait, 'wait') < interval '0' OR wait > interval '1 minute' THEN
+        PERFORM pgqueue._invalid('wait', pg_catalog.format('%s is not between 0 and 1 minute', wait));
+    END IF;
+    IF wait > interval '0' AND pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgqueue: % can wait only in a READ COMMITTED transaction', what
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'In REPEATABLE READ or SERIALIZABLE nothing committed after the transaction began becomes visible: call it with wait => ''0''.';
+    END IF;
+    RETURN wait;
+END
+$$;
+
 -- Results and progress beside a list of n msg_ids: NULL (none), or a one-dimensional array
 -- of n values, each NULL or at most pgqueue.max_payload_bytes (22023, 54000).
 CREATE FUNCTION pgqueue._check_reports(reports jsonb[], n integer, argument text) RETURNS void
@@ -80,12 +99,11 @@ BEGIN
         PERFORM pgqueue._require(msg_id, 'msg_id');
         PERFORM pgqueue._require(claim_token, 'claim_token');
     END IF;
-    IF result IS NULL THEN
-        RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'completed', NULL, queue));
+    IF result IS NOT NULL THEN
+        PERFORM pgqueue._check_reports(ARRAY[result], 1, 'result');
     END IF;
-    PERFORM pgqueue._check_reports(ARRAY[result], 1, 'result');
     RETURN EXISTS (SELECT FROM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'completed', NULL, queue,
-                                                   ARRAY[result]));
+                                                   CASE WHEN result IS NOT NULL THEN ARRAY[result] END));
 END
 $$;
 
@@ -240,15 +258,7 @@ BEGIN
         PERFORM pgqueue._queue(queue);
     END IF;
     PERFORM pgqueue._require(msg_id, 'msg_id');
-    IF pgqueue._require(wait, 'wait') < interval '0' OR wait > interval '1 minute' THEN
-        PERFORM pgqueue._invalid('wait', pg_catalog.format('%s is not between 0 and 1 minute', wait));
-    END IF;
-    IF wait > interval '0' THEN
-        IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE EXCEPTION 'pgqueue: pgq_result can wait only in a READ COMMITTED transaction'
-                USING ERRCODE = 'feature_not_supported',
-                      HINT = 'In REPEATABLE READ or SERIALIZABLE nothing committed after the transaction began becomes visible: call it with wait => ''0''.';
-        END IF;
+    IF pgqueue._check_wait(wait, 'pgq_result') > interval '0' THEN
         PERFORM pgqueue._await_outcome(msg_id, wait, queue);
     END IF;
     RETURN QUERY
@@ -274,7 +284,7 @@ SELECT h.msg_id, h.queue, h.outcome, h.priority, h.attempt, h.payload, h.headers
        NULL, NULL, h.finished_at, h.last_error, NULL, h.progress, h.result
   FROM pgqueue.history h;
 
-REVOKE ALL ON FUNCTION pgqueue._check_reports(jsonb[], integer, text),
+REVOKE ALL ON FUNCTION pgqueue._check_wait(interval, text), pgqueue._check_reports(jsonb[], integer, text),
     pgqueue._to_history(bigint[], uuid[], text, text, text, jsonb[]),
     pgqueue.pgq_ack(bigint[], uuid[], text, jsonb[]), pgqueue.pgq_ack(bigint, uuid, text, jsonb),
     pgqueue.pgq_ack_claim(text, bigint[], uuid[], integer, interval, text, boolean, interval, jsonb[]),

@@ -457,3 +457,23 @@ fn waiters_racing_finishes_rollbacks_and_retries_see_each_commit() {
         }
     }
 }
+
+/// A transaction that finishes more messages than a commit keeps ids of (10,000) wakes every
+/// waiter instead: each reads its message again.
+#[test]
+fn a_commit_that_finishes_very_many_messages_wakes_its_waiters() {
+    let mut c = connect();
+    let q = new_queue(&mut c, "");
+    c.execute("SELECT pgqueue.pgq_send_batch($1, array_fill('{}'::jsonb, ARRAY[10001]))", &[&q]).unwrap();
+    // Claims take at most 1,000 at a time.
+    let claimed: Vec<Claimed> = (0..11).flat_map(|_| crate::common::claim(&mut c, &q, 1000, Some("1 hour"))).collect();
+    assert_eq!(claimed.len(), 10_001);
+    let read = waiter("very_many", claimed[10_000].id);
+    until_waiting(&mut c, "very_many", 1);
+    let (ids, tokens): (Vec<i64>, Vec<uuid::Uuid>) = claimed.iter().map(|m| (m.id, m.token)).unzip();
+    let acked = c.query("SELECT pgqueue.pgq_ack($1::bigint[], $2::uuid[])", &[&ids, &tokens]).unwrap();
+    assert_eq!(acked.len(), 10_001);
+    let (got, elapsed) = read.recv().unwrap();
+    assert_eq!(got.unwrap().0, "completed");
+    assert!(elapsed < WOKEN, "woken, not timed out ({elapsed:?})");
+}
