@@ -12,10 +12,12 @@ COMMENT ON FUNCTION pgqueue.pgq_resume_queue(text) IS
     'resume a paused queue and wake its waiting claims';
 
 -- Sending
-COMMENT ON FUNCTION pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb, text, interval) IS
-    'enqueue one message (delay, priority, headers, unique key); returns its msg_id';
-COMMENT ON FUNCTION pgqueue.pgq_send_batch(text, jsonb[], interval, smallint, jsonb, text[], interval) IS
-    'enqueue up to 10,000 messages in one statement; returns their msg_ids in array order';
+COMMENT ON FUNCTION pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb, text, interval, bigint[], text) IS
+    'enqueue one message (delay, priority, headers, unique key, parents to wait for); returns its msg_id';
+COMMENT ON FUNCTION pgqueue.pgq_send_batch(text, jsonb[], interval, smallint, jsonb, text[], interval, bigint[], text) IS
+    'enqueue up to 10,000 messages in one statement (each waits for the parents in after); returns their msg_ids in array order';
+COMMENT ON FUNCTION pgqueue.pgq_graph(bigint) IS
+    'a message''s dependencies: the message, its parents and the children still in the queue, with their states';
 
 -- Claiming and finishing
 COMMENT ON FUNCTION pgqueue.pgq_claim(text, integer, interval, text, boolean, interval) IS
@@ -97,13 +99,15 @@ COMMENT ON VIEW pgqueue.shared_state IS
 COMMENT ON TABLE pgqueue.queues IS
     'queue settings, one row per queue: lease, max_attempts, retention, paused';
 COMMENT ON TABLE pgqueue.messages IS
-    'messages waiting (ready or delayed) or claimed; finished ones move to pgqueue.history';
+    'messages waiting (ready, delayed, or pending on their parents) or claimed; finished ones move to pgqueue.history';
 COMMENT ON TABLE pgqueue.history IS
     'completed and dead-lettered messages, partitioned by queue and day, kept for the queue''s retention';
 COMMENT ON TABLE pgqueue.schedules IS
     'periodic schedules: pattern, time zone, message to enqueue, next run and counters';
 COMMENT ON TABLE pgqueue.dedup_keys IS
     'unique-job keys taken, per queue, and until when a finished message keeps its key';
+COMMENT ON TABLE pgqueue.dependencies IS
+    'one row per parent a message waits or waited for, with how the parent ended; removed when the child finishes';
 COMMENT ON TABLE pgqueue.worker_state IS
     'one row: the counters behind pgqueue.worker_stats, written at every tick';
 COMMENT ON TABLE pgqueue.queue_minutes IS

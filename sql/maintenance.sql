@@ -348,6 +348,8 @@ BEGIN ATOMIC
         schedule_errors = schedule_errors + coalesce((counts->>'schedule_errors')::bigint, 0),
         keys_expired = keys_expired + coalesce((counts->>'keys_expired')::bigint, 0),
         rollup_failures = rollup_failures + coalesce((counts->>'rollup_failures')::bigint, 0),
+        dependency_failures = dependency_failures + coalesce((counts->>'dependency_failures')::bigint, 0),
+        released = released + coalesce((counts->>'released')::bigint, 0),
         last_error = coalesce(counts->>'error', last_error),
         last_error_at = CASE WHEN counts ? 'error' THEN now() ELSE last_error_at END;
 END;

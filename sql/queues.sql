@@ -116,6 +116,8 @@ CREATE FUNCTION pgqueue.pgq_drop_queue(queue text, force boolean DEFAULT false) 
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '5s' AS $$
 DECLARE
     in_flight bigint;
+    parents bigint[];
+    children bigint[];
 BEGIN
     PERFORM pgqueue._require(force, 'force');
     PERFORM pgqueue._queue(queue);
@@ -135,7 +137,18 @@ BEGIN
             USING ERRCODE = 'object_in_use',
                   HINT = 'Wait for the consumers to finish, or pass force => true.';
     END IF;
-    DELETE FROM pgqueue.messages m WHERE m.queue = pgq_drop_queue.queue;
+    WITH gone AS (
+        DELETE FROM pgqueue.messages m WHERE m.queue = pgq_drop_queue.queue
+        RETURNING m.msg_id, m.has_dependents, m.after IS NOT NULL AS child
+    )
+    SELECT array_agg(g.msg_id) FILTER (WHERE g.has_dependents), array_agg(g.msg_id) FILTER (WHERE g.child)
+      INTO parents, children FROM gone g;
+    -- Children in other queues: their parents were deleted (on_parent_failure applies).
+    IF parents IS NOT NULL OR children IS NOT NULL THEN
+        PERFORM pgqueue._finish_dependencies(coalesce(parents, '{}'),
+            pg_catalog.array_fill('deleted'::text, ARRAY[coalesce(pg_catalog.cardinality(parents), 0)]),
+            coalesce(children, '{}'));
+    END IF;
     DELETE FROM pgqueue.dedup_keys d WHERE d.queue = pgq_drop_queue.queue;
     DELETE FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue;
     PERFORM pgqueue._reset_queue(queue);  -- at commit; its waiting claims then find it gone

@@ -23,14 +23,15 @@ CREATE TABLE pgqueue.queues (
     created_at   timestamptz NOT NULL DEFAULT now()
 );
 
--- The hot table: messages that are waiting (ready, or delayed until visible_at) or claimed.
+-- The hot table: messages that are waiting (ready, delayed until visible_at, or pending until
+-- their parents completed) or claimed.
 -- Completed, dead-lettered and cancelled messages move to pgqueue.history.
 -- fillfactor leaves room on each page so that lease renewals stay HOT updates.
 CREATE TABLE pgqueue.messages (
     msg_id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue            text NOT NULL,  -- no foreign key: see pgqueue._lock_queue
     state            text NOT NULL CONSTRAINT messages_state_check
-                         CHECK (state IN ('ready', 'delayed', 'claimed')),
+                         CHECK (state IN ('ready', 'delayed', 'claimed', 'pending')),
     priority         smallint NOT NULL DEFAULT 0 CONSTRAINT messages_priority_check
                          CHECK (priority BETWEEN -1000 AND 1000),
     attempt          integer NOT NULL DEFAULT 0,
@@ -48,9 +49,14 @@ CREATE TABLE pgqueue.messages (
     dedup_key        text,         -- unique jobs: the key this message holds (pgqueue.dedup_keys)
     cancel_requested_at timestamptz, -- pgq_cancel of a claimed message: its holder is to stop
     progress         jsonb,        -- what its holders reported with their renewals (the latest)
+    after            bigint[],     -- dependencies: the parents it was sent to wait for (pgq_send's after)
+    has_dependents   boolean NOT NULL DEFAULT false, -- a child was sent with this message in its after
     CONSTRAINT messages_session_only_when_claimed CHECK (session_pid IS NULL OR state = 'claimed'),
     CONSTRAINT messages_cancel_only_when_claimed CHECK (cancel_requested_at IS NULL OR state = 'claimed'),
-    CONSTRAINT messages_delayed_has_due_time CHECK ((state = 'delayed') = (visible_at IS NOT NULL)),
+    -- A pending message may have a due time: it is delayed until then once its parents completed.
+    CONSTRAINT messages_delayed_has_due_time
+        CHECK (state = 'pending' OR (state = 'delayed') = (visible_at IS NOT NULL)),
+    CONSTRAINT messages_pending_has_parents CHECK (state <> 'pending' OR after IS NOT NULL),
     CONSTRAINT messages_claimed_has_lease
         CHECK ((state = 'claimed') = (claim_token IS NOT NULL AND lease_expires_at IS NOT NULL))
 ) WITH (fillfactor = 80);
@@ -61,6 +67,9 @@ CREATE INDEX messages_ready_idx ON pgqueue.messages (queue, priority DESC, msg_i
 -- Delayed rows in due order: promotion stops at the first row not yet due.
 CREATE INDEX messages_delayed_idx ON pgqueue.messages (queue, visible_at)
     WHERE state = 'delayed';
+-- Pending rows, for the tick that checks that none waits for parents that all completed.
+CREATE INDEX messages_pending_idx ON pgqueue.messages (msg_id)
+    WHERE state = 'pending';
 -- In-flight rows, for re-arming expired claims (the lease itself is not indexed).
 CREATE INDEX messages_claimed_idx ON pgqueue.messages (msg_id)
     WHERE state = 'claimed';
@@ -85,6 +94,26 @@ CREATE TABLE pgqueue.dedup_keys (
 );
 -- For the tick that deletes expired keys.
 CREATE INDEX dedup_keys_expiry_idx ON pgqueue.dedup_keys (expires_at) WHERE expires_at IS NOT NULL;
+
+-- Dependencies (sql/dependencies.sql): one row per parent a pending message still waits for,
+-- or waited for. parent_outcome is NULL until the parent finishes, then how it did ('completed',
+-- 'dead', 'cancelled', or 'deleted' with its queue). Each parent's finish writes its own rows
+-- only, so the acks of a child's many parents never wait on each other. The rows go when the
+-- child finishes.
+CREATE TABLE pgqueue.dependencies (
+    parent            bigint NOT NULL,
+    child             bigint NOT NULL,
+    on_parent_failure text NOT NULL CONSTRAINT dependencies_policy_check
+                          CHECK (on_parent_failure IN ('cancel', 'dead', 'run')),
+    parent_outcome    text CONSTRAINT dependencies_outcome_check
+                          CHECK (parent_outcome IN ('completed', 'dead', 'cancelled', 'deleted')),
+    PRIMARY KEY (parent, child)
+);
+-- A child's rows, to remove them when it finishes.
+CREATE INDEX dependencies_child_idx ON pgqueue.dependencies (child);
+-- Whether a child still waits: one index entry per unfinished parent, so the check costs the
+-- same whichever of 10,000 parents finished last.
+CREATE INDEX dependencies_waiting_idx ON pgqueue.dependencies (child) WHERE parent_outcome IS NULL;
 
 -- Periodic schedules (sql/schedule.sql). The worker fires each due one: it enqueues the run
 -- and advances next_run in one transaction. next_run NULL: the pattern has no further time.
@@ -132,7 +161,8 @@ CREATE TABLE pgqueue.history (
     finished_at timestamptz NOT NULL DEFAULT now(),
     last_error  text,
     result      jsonb,  -- what the ack that completed it stored
-    progress    jsonb   -- the message's last progress
+    progress    jsonb,  -- the message's last progress
+    after       bigint[] -- the parents it waited for
 ) PARTITION BY LIST (queue);
 
 -- Per-queue counts by minute, for charts (the console, exporters, SQL): what commits sent,
@@ -168,6 +198,7 @@ SELECT pg_catalog.pg_extension_config_dump('pgqueue.queues', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages_msg_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.dedup_keys', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.dependencies', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.schedules', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.queue_minutes', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.audit_log', '');
@@ -222,6 +253,8 @@ CREATE TABLE pgqueue.worker_state (
     schedule_errors      bigint NOT NULL DEFAULT 0, -- runs whose enqueue failed
     keys_expired         bigint NOT NULL DEFAULT 0, -- dedup keys deleted after their hold
     rollup_failures      bigint NOT NULL DEFAULT 0,
-    last_rollup_at       timestamptz                -- the rollup step's last record
+    last_rollup_at       timestamptz,               -- the rollup step's last record
+    dependency_failures  bigint NOT NULL DEFAULT 0,
+    released             bigint NOT NULL DEFAULT 0  -- pending messages the tick found done waiting
 );
 INSERT INTO pgqueue.worker_state DEFAULT VALUES;

@@ -45,17 +45,27 @@ CREATE FUNCTION pgqueue.pgq_send_batch(
     priority smallint DEFAULT 0,
     headers jsonb DEFAULT NULL,
     dedup_keys text[] DEFAULT NULL,
-    dedup_for interval DEFAULT '0'
+    dedup_for interval DEFAULT '0',
+    after bigint[] DEFAULT NULL,
+    on_parent_failure text DEFAULT 'cancel'
 ) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     q pgqueue.queues := pgqueue._lock_queue(queue);
     due timestamptz;
+    ids bigint[];
+    waits boolean;
+    failed_parent bigint;
+    failed_outcome text;
+    st text;
 BEGIN
     PERFORM pgqueue._check_payloads(payloads);
     PERFORM pgqueue._check_delay(pgqueue._require(delay, 'delay'), 'delay');
     PERFORM pgqueue._check_priority(priority);
+    IF after IS NOT NULL OR on_parent_failure IS DISTINCT FROM 'cancel' THEN
+        PERFORM pgqueue._check_after(after, on_parent_failure);
+    END IF;
     IF pg_catalog.cardinality(payloads) > 10000 THEN
         PERFORM pgqueue._invalid('payloads', pg_catalog.format(
             '%s messages in one call; at most 10000', pg_catalog.cardinality(payloads)));
@@ -69,7 +79,7 @@ BEGIN
         END IF;
         PERFORM pgqueue._check_dedup(k, dedup_for, 'dedup_keys') FROM unnest(dedup_keys) k;
         RETURN QUERY
-        SELECT pgqueue.pgq_send(q.queue, u.p, delay, priority, headers, u.k, dedup_for)
+        SELECT pgqueue.pgq_send(q.queue, u.p, delay, priority, headers, u.k, dedup_for, after, on_parent_failure)
           FROM unnest(payloads, dedup_keys) WITH ORDINALITY AS u(p, k, n) ORDER BY u.n;
         RETURN;
     END IF;
@@ -77,6 +87,25 @@ BEGIN
         PERFORM pgqueue._check_dedup(NULL, dedup_for);
     END IF;
     due := CASE WHEN delay > interval '0' THEN now() + delay END;
+    IF pg_catalog.cardinality(after) > 0 AND pg_catalog.cardinality(payloads) > 0 THEN
+        -- Every message of the batch waits for all of after.
+        SELECT array_agg(pg_catalog.nextval('pgqueue.messages_msg_id_seq')) INTO ids
+          FROM pg_catalog.generate_series(1, pg_catalog.cardinality(payloads));
+        SELECT * INTO waits, failed_parent, failed_outcome FROM pgqueue._depend(ids, after, on_parent_failure);
+        st := CASE WHEN waits THEN 'pending' WHEN due IS NULL THEN 'ready' ELSE 'delayed' END;
+        INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, visible_at, after)
+        OVERRIDING SYSTEM VALUE
+        SELECT ids[u.n], q.queue, st, priority, p, headers, due, after
+          FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS u(p, n);
+        PERFORM pgqueue._note(q.queue, pg_catalog.cardinality(ids), NULL, st, priority, ids[1],
+                              ids[pg_catalog.cardinality(ids)], due);
+        IF failed_parent IS NOT NULL AND on_parent_failure <> 'run' THEN
+            PERFORM pgqueue._to_history(ids, NULL, pgqueue._child_outcome(on_parent_failure),
+                                        pgqueue._parent_failed(failed_parent, failed_outcome));
+        END IF;
+        RETURN QUERY SELECT unnest(ids);
+        RETURN;
+    END IF;
     RETURN QUERY
     WITH sent AS (
         INSERT INTO pgqueue.messages (queue, state, priority, payload, headers, visible_at)
@@ -100,7 +129,9 @@ CREATE FUNCTION pgqueue.pgq_send(
     priority smallint DEFAULT 0,
     headers jsonb DEFAULT NULL,
     dedup_key text DEFAULT NULL,
-    dedup_for interval DEFAULT '0'
+    dedup_for interval DEFAULT '0',
+    after bigint[] DEFAULT NULL,
+    on_parent_failure text DEFAULT 'cancel'
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
@@ -109,10 +140,17 @@ DECLARE
     due timestamptz;
     id bigint;
     holder bigint;
+    waits boolean;
+    failed_parent bigint;
+    failed_outcome text;
+    st text;
 BEGIN
     PERFORM pgqueue._check_payload(payload);
     PERFORM pgqueue._check_delay(pgqueue._require(delay, 'delay'), 'delay');
     PERFORM pgqueue._check_priority(priority);
+    IF after IS NOT NULL OR on_parent_failure IS DISTINCT FROM 'cancel' THEN
+        PERFORM pgqueue._check_after(after, on_parent_failure);
+    END IF;
     IF dedup_key IS NOT NULL OR dedup_for IS DISTINCT FROM interval '0' THEN
         PERFORM pgqueue._check_dedup(dedup_key, dedup_for);
     END IF;
@@ -125,13 +163,22 @@ BEGIN
         END IF;
     END IF;
     due := CASE WHEN delay > interval '0' THEN now() + delay END;
-    INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, visible_at, dedup_key)
+    IF pg_catalog.cardinality(after) > 0 THEN
+        id := coalesce(id, pg_catalog.nextval('pgqueue.messages_msg_id_seq'));
+        SELECT * INTO waits, failed_parent, failed_outcome FROM pgqueue._depend(ARRAY[id], after, on_parent_failure);
+    END IF;
+    -- With parents not finished yet, pending (delayed or ready when they have completed).
+    st := CASE WHEN waits THEN 'pending' WHEN due IS NULL THEN 'ready' ELSE 'delayed' END;
+    INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, visible_at, dedup_key, after)
     OVERRIDING SYSTEM VALUE
-    VALUES (coalesce(id, pg_catalog.nextval('pgqueue.messages_msg_id_seq')), q.queue,
-            CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END, priority, payload, headers, due, dedup_key)
+    VALUES (coalesce(id, pg_catalog.nextval('pgqueue.messages_msg_id_seq')), q.queue, st, priority, payload,
+            headers, due, dedup_key, CASE WHEN waits IS NOT NULL THEN after END)
     RETURNING msg_id INTO id;
-    PERFORM pgqueue._note(q.queue, 1, NULL, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END,
-                          priority, id, id, due);
+    PERFORM pgqueue._note(q.queue, 1, NULL, st, priority, id, id, due);
+    IF failed_parent IS NOT NULL AND on_parent_failure <> 'run' THEN
+        PERFORM pgqueue._to_history(ARRAY[id], NULL, pgqueue._child_outcome(on_parent_failure),
+                                    pgqueue._parent_failed(failed_parent, failed_outcome));
+    END IF;
     RETURN id;
 END
 $$;

@@ -27,11 +27,11 @@ SELECT q.queue,
 CREATE VIEW pgqueue.jobs AS
 SELECT m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at, m.visible_at,
        m.claimed_at, m.consumer, m.lease_expires_at, NULL::timestamptz AS finished_at, m.last_error, m.dedup_key,
-       m.progress, NULL::jsonb AS result
+       m.progress, NULL::jsonb AS result, m.after
   FROM pgqueue.messages m
  UNION ALL
 SELECT h.msg_id, h.queue, h.outcome, h.priority, h.attempt, h.payload, h.headers, h.enqueued_at, NULL, NULL,
-       NULL, NULL, h.finished_at, h.last_error, NULL, h.progress, h.result
+       NULL, NULL, h.finished_at, h.last_error, NULL, h.progress, h.result, h.after
   FROM pgqueue.history h;
 
 -- The worker's counters in this database (monotonic; see the README for what to alert on).
@@ -46,7 +46,7 @@ SELECT current_database() AS database,
        w.prune_skipped_active, w.prune_backed_off, w.prune_error, w.pruned_rows,
        w.last_error, w.last_error_at, w.reconcile_failures, w.hint_corrections,
        w.schedule_failures, w.keys_failures, w.scheduled_runs, w.missed_runs, w.schedule_errors, w.keys_expired,
-       w.rollup_failures, w.last_rollup_at
+       w.rollup_failures, w.last_rollup_at, w.dependency_failures, w.released
   FROM pgqueue.worker_state w;
 
 -- Every schedule: when it runs next, its last run (the slot) and how late that was enqueued,

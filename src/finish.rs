@@ -1,6 +1,7 @@
 //! Finishing messages: the one statement that moves them out of the hot table into their
 //! queue's history (`pgqueue._to_history`, which ack, nack, fail and pgq_ack_claim use).
 
+use crate::dependencies;
 use crate::outcome_wait;
 use crate::statement::Statement;
 use pgrx::AnyArray;
@@ -16,10 +17,12 @@ use std::ffi::CStr;
 /// keeping the cancel's reason as its error and no result, so that rule lives here only.
 /// Unique jobs: a finished message's key is free again, or kept for its hold (a cancelled
 /// one's is free at once). Announces what left each state (pgqueue._note, applied at commit).
-/// Earlier releases' tables lack columns: `$progress` reads the message's progress and
-/// `$kept` and `$values` the history's extra columns, as the layout has them.
+/// Returns each moved message with its outcome, whether children were sent after it
+/// (`has_dependents`) and whether it had parents (dependencies.rs takes it from there).
+/// Earlier releases' tables lack columns: `$progress`, `$dependents` and `$after` read the
+/// message's, and `$kept` and `$values` the history's extra columns, as the layout has them.
 macro_rules! to_history {
-    ($cancelling:literal, $progress:literal, $kept:literal, $values:literal) => {
+    ($cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal) => {
         Statement {
             sql: match CStr::from_bytes_with_nul(
                 concat!(
@@ -31,7 +34,11 @@ macro_rules! to_history {
                RETURNING m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
                          m.dedup_key, ",
                     $progress,
-                    " AS progress,
+                    " AS progress, ",
+                    $dependents,
+                    " AS has_dependents, ",
+                    $after,
+                    " AS after,
                          CASE WHEN ",
                     $cancelling,
                     " THEN 'cancelled' ELSE $3 END AS outcome,
@@ -63,7 +70,8 @@ macro_rules! to_history {
            ), noted AS (
                SELECT pgqueue._note(g.queue, count(*), g.state, g.outcome) FROM gone g GROUP BY g.queue, g.state, g.outcome
            )
-           SELECT k.msg_id FROM kept k, (SELECT count(*) FROM noted) n ORDER BY k.msg_id\0"
+           SELECT g.msg_id, g.outcome, g.has_dependents, g.after IS NOT NULL
+             FROM gone g, (SELECT count(*) FROM noted) n, (SELECT count(*) FROM kept) k ORDER BY g.msg_id\0"
                 )
                 .as_bytes(),
             ) {
@@ -74,12 +82,28 @@ macro_rules! to_history {
         }
     };
 }
-static TO_HISTORY: Statement =
-    to_history!("m.cancel_requested_at IS NOT NULL", "m.progress", ", result, progress", ", g.result, g.progress");
+static TO_HISTORY: Statement = to_history!(
+    "m.cancel_requested_at IS NOT NULL",
+    "m.progress",
+    "m.has_dependents",
+    "m.after",
+    ", result, progress, after",
+    ", g.result, g.progress, g.after"
+);
 /// The same for a database still running an earlier release's SQL (until ALTER EXTENSION
-/// UPDATE): 0.15.0's keeps neither results nor progress; 0.14.0's messages cannot be cancelled.
-static TO_HISTORY_0_15: Statement = to_history!("m.cancel_requested_at IS NOT NULL", "NULL::jsonb", "", "");
-static TO_HISTORY_0_14: Statement = to_history!("false", "NULL::jsonb", "", "");
+/// UPDATE): 0.16.0's has no dependencies; 0.15.0's keeps neither results nor progress;
+/// 0.14.0's messages cannot be cancelled.
+static TO_HISTORY_0_16: Statement = to_history!(
+    "m.cancel_requested_at IS NOT NULL",
+    "m.progress",
+    "false",
+    "NULL::bigint[]",
+    ", result, progress",
+    ", g.result, g.progress"
+);
+static TO_HISTORY_0_15: Statement =
+    to_history!("m.cancel_requested_at IS NOT NULL", "NULL::jsonb", "false", "NULL::bigint[]", "", "");
+static TO_HISTORY_0_14: Statement = to_history!("false", "NULL::jsonb", "false", "NULL::bigint[]", "", "");
 
 /// Which release's tables this database has, by the newest column each added: catalog cache
 /// lookups, no query, so that an ack costs the same.
@@ -91,8 +115,10 @@ fn layout() -> &'static Statement {
             let relation = pg_sys::get_relname_relid(table.as_ptr(), schema);
             relation != pg_sys::InvalidOid && pg_sys::get_attnum(relation, column.as_ptr()) > 0
         };
-        if has(c"history", c"result") {
+        if has(c"history", c"after") {
             &TO_HISTORY
+        } else if has(c"history", c"result") {
+            &TO_HISTORY_0_16
         } else if has(c"messages", c"cancel_requested_at") {
             &TO_HISTORY_0_15
         } else {
@@ -104,7 +130,8 @@ fn layout() -> &'static Statement {
 /// Moves the messages (bigint[] `msg_ids`, uuid[] `tokens`) to history as `outcome`, inside
 /// an SPI connection; returns the ids that moved, in order. `queue`: only that queue's;
 /// `results` (jsonb[] beside the ids): what the completed ones keep. Those who wait for
-/// their outcome (pgq_result) are woken when this commits.
+/// their outcome (pgq_result) are woken when this commits. Their children follow
+/// (dependencies.rs), and theirs in turn.
 pub fn to_history(
     msg_ids: Option<pg_sys::Datum>,
     tokens: Option<pg_sys::Datum>,
@@ -113,9 +140,44 @@ pub fn to_history(
     queue: Option<&str>,
     results: Option<pg_sys::Datum>,
 ) -> Vec<i64> {
-    let rows = layout().run(&[msg_ids, tokens, outcome.into_datum(), error.into_datum(), queue.into_datum(), results]);
-    let moved: Vec<i64> = (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
-    outcome_wait::finished(&moved);
+    let moved = move_rows(msg_ids, tokens, outcome.into_datum(), error.into_datum(), queue.into_datum(), results);
+    let ids = moved.ids.clone();
+    dependencies::follow(moved);
+    ids
+}
+
+/// What one move did, for dependencies.rs.
+#[derive(Default)]
+pub struct Moved {
+    pub ids: Vec<i64>,
+    /// Those with children, and how they ended.
+    pub parents: Vec<(i64, String)>,
+    /// Those that had parents.
+    pub children: Vec<i64>,
+}
+
+/// One run of the statement (datums as `to_history` takes them).
+pub fn move_rows(
+    msg_ids: Option<pg_sys::Datum>,
+    tokens: Option<pg_sys::Datum>,
+    outcome: Option<pg_sys::Datum>,
+    error: Option<pg_sys::Datum>,
+    queue: Option<pg_sys::Datum>,
+    results: Option<pg_sys::Datum>,
+) -> Moved {
+    let rows = layout().run(&[msg_ids, tokens, outcome, error, queue, results]);
+    let mut moved = Moved::default();
+    for r in 0..rows.len() {
+        let Some(id) = rows.get::<i64>(r, 1) else { continue };
+        moved.ids.push(id);
+        if rows.get::<bool>(r, 3) == Some(true) {
+            moved.parents.push((id, rows.get::<String>(r, 2).unwrap_or_default()));
+        }
+        if rows.get::<bool>(r, 4) == Some(true) {
+            moved.children.push(id);
+        }
+    }
+    outcome_wait::finished(&moved.ids);
     moved
 }
 

@@ -15,6 +15,7 @@ use pgrx::prelude::*;
 mod bracket;
 mod claim;
 mod cron;
+mod dependencies;
 mod dispatch;
 mod drop_database;
 mod finish;

@@ -9,6 +9,7 @@
 //! pre-commit (before anyone can see it), so that a send nobody can have claimed past commits
 //! without lowering (`Dispatch::commit_ready`).
 
+use crate::dependencies;
 use crate::dispatch::DUE_NEVER;
 use crate::outcome_wait;
 use crate::queue_state::{self, DEPTHS, Key, State};
@@ -190,16 +191,19 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut c
         XACT_EVENT_COMMIT => {
             finish(true);
             outcome_wait::at_commit();
+            dependencies::at_commit();
         }
         XACT_EVENT_ABORT => {
             finish(false);
             outcome_wait::forget();
+            dependencies::forget();
         }
         // A prepared transaction commits elsewhere, later: its messages are found by the
         // worker's check at the next tick.
         XACT_EVENT_PREPARE => {
             NOTES.with_borrow_mut(Vec::clear);
             outcome_wait::forget();
+            dependencies::forget();
             queue_state::commit_ends();
         }
         _ => {}

@@ -160,6 +160,7 @@ fn size() -> usize {
         + table
         + committing_size().next_multiple_of(16)
         + crate::outcome_wait::size().next_multiple_of(16)
+        + crate::dependencies::size().next_multiple_of(16)
 }
 
 fn slots() -> usize {
@@ -220,6 +221,7 @@ unsafe extern "C-unwind" fn startup() {
         }
         COMMITTING = committing as *mut AtomicU32;
         crate::outcome_wait::startup();
+        crate::dependencies::startup();
         HEADER = header;
         pg_sys::LWLockRelease(init_lock);
     }

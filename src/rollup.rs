@@ -27,7 +27,7 @@ impl Events {
     pub fn of_move(n: i64, from: Option<&str>, to: Option<&str>) -> Events {
         let mut e = Events::default();
         match (from, to) {
-            (None, Some("ready" | "delayed")) => e.0[SENT] = n,
+            (None, Some("ready" | "delayed" | "pending")) => e.0[SENT] = n,
             (Some("claimed"), Some("ready" | "delayed")) => e.0[RETRIED] = n,
             (Some(_), Some("completed")) => e.0[COMPLETED] = n,
             (Some(_), Some("dead")) => e.0[DEAD] = n,

@@ -51,6 +51,13 @@ impl Outcome {
 pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     let mut out = Outcome::default();
     let level = sql_level(bracket, &mut out);
+    // First: a child whose last parents finished together waits for this (dependencies.rs).
+    if level >= SQL_DEPENDENCIES && (plan.all_steps || crate::dependencies::handed_over()) {
+        let window = plan.all_steps.then_some(PENDING_WINDOW);
+        if let Some(n) = step(bracket, &mut out, "dependency", || crate::dependencies::check_pending(window)) {
+            out.add("released", n);
+        }
+    }
     // Also between full ticks: the worker comes back early when a schedule falls due.
     if level >= SQL_SCHEDULES {
         fire_schedules(bracket, &mut out);
@@ -363,21 +370,27 @@ fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
 /// Which release's SQL this database runs: until ALTER EXTENSION UPDATE, this library may
 /// run an earlier release's, whose commits announce nothing to the shared state (before
 /// 0.3.0), which has no schedules (before 0.4.0), no rollups (before 0.12.0) and no count of
-/// a queue's dead letters (before 0.13.0). Known by
+/// a queue's dead letters (before 0.13.0) and no dependencies (before 0.17.0). Known by
 /// the functions it has.
 const SQL_SHARED_STATE: u8 = 3;
 const SQL_SCHEDULES: u8 = 4;
 const SQL_ROLLUPS: u8 = 5;
 const SQL_DEAD_COUNTS: u8 = 6;
+const SQL_DEPENDENCIES: u8 = 7;
+
+/// Pending messages a full tick looks at (one window; the next tick goes on from there).
+const PENDING_WINDOW: i32 = 1000;
 
 fn sql_level(bracket: Bracket, out: &mut Outcome) -> u8 {
     thread_local! {
         static LEVEL: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
     }
-    if LEVEL.get() < SQL_DEAD_COUNTS {
+    if LEVEL.get() < SQL_DEPENDENCIES {
         let level = step(bracket, out, "rearm", || {
             Spi::get_one::<i32>(
-                "SELECT CASE WHEN to_regprocedure('pgqueue._dead_count(text)') IS NOT NULL THEN 6
+                "SELECT CASE WHEN to_regprocedure('pgqueue._finish_dependencies(bigint[], text[], bigint[])') IS NOT NULL
+                             THEN 7
+                             WHEN to_regprocedure('pgqueue._dead_count(text)') IS NOT NULL THEN 6
                              WHEN to_regprocedure('pgqueue._roll_up(jsonb, interval)') IS NOT NULL THEN 5
                              WHEN to_regprocedure('pgqueue._fire_schedules(integer, timestamptz)') IS NOT NULL THEN 4
                              WHEN to_regprocedure('pgqueue._claimable(text, smallint[])') IS NOT NULL THEN 3

@@ -230,6 +230,7 @@ pub extern "C-unwind" fn pgqueue_worker_main(arg: pg_sys::Datum) {
         unsafe { pg_sys::proc_exit(0) };
     }
     log!("pgqueue worker started");
+    crate::dependencies::register_worker();
     // No step may hang the worker on a lock: it fails (is counted) and is retried next tick.
     let _ = in_transaction(|| Spi::run("SELECT pg_catalog.set_config('lock_timeout', '5s', false)"));
 
@@ -279,6 +280,7 @@ pub extern "C-unwind" fn pgqueue_worker_main(arg: pg_sys::Datum) {
     // Leaving anyway: no interrupt check (the log line makes one) turns it into a FATAL.
     // SAFETY: HOLD_INTERRUPTS(), for the rest of this process.
     unsafe { pg_sys::InterruptHoldoffCount += 1 };
+    crate::dependencies::unregister_worker();
     log!("pgqueue worker exiting");
     // SAFETY: ends the process the normal way; the launcher starts a new one when needed.
     unsafe { pg_sys::proc_exit(0) };
