@@ -8,7 +8,8 @@ SELECT q.queue,
        c.expired_claims,
        (SELECT count(*) FROM pgqueue.history h WHERE h.queue = q.queue AND h.outcome = 'dead') AS dead,
        now() - c.oldest_ready AS oldest_ready_age,
-       now() - c.oldest_expired_lease AS oldest_expired_claim_age
+       now() - c.oldest_expired_lease AS oldest_expired_claim_age,
+       c.pending
   FROM pgqueue.queues q
  CROSS JOIN LATERAL (
        SELECT count(*) FILTER (WHERE m.state = 'ready') AS ready,
@@ -17,7 +18,8 @@ SELECT q.queue,
               count(*) FILTER (WHERE m.state = 'claimed' AND m.lease_expires_at <= now()) AS expired_claims,
               min(m.enqueued_at) FILTER (WHERE m.state = 'ready') AS oldest_ready,
               min(m.lease_expires_at) FILTER (WHERE m.state = 'claimed' AND m.lease_expires_at <= now())
-                  AS oldest_expired_lease
+                  AS oldest_expired_lease,
+              count(*) FILTER (WHERE m.state = 'pending') AS pending
          FROM pgqueue.messages m
         WHERE m.queue = q.queue) c;
 

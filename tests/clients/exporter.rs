@@ -182,10 +182,15 @@ fn exporter_serves_the_queries_of_monitoring() {
     fail(&mut c, "a");
     send_many(&mut c, "a", 1, "0");
     send_many(&mut c, "a", 2, "1 hour");
-    // b: ready 1, delayed 0, claimed 1 (expired), dead 2.
+    // b: ready 1, delayed 0, claimed 1 (expired), dead 2, pending 1 (on a delayed message of a).
     send_many(&mut c, "b", 3, "0");
     expired_claims(&mut c, "b", 1);
     fail(&mut c, "b");
+    c.batch_execute(
+        "SELECT pgqueue.pgq_send('b', '{}', after => ARRAY(SELECT min(msg_id) FROM pgqueue.messages
+                                                          WHERE queue = 'a' AND state = 'delayed'))",
+    )
+    .unwrap();
     // c: empty, with a claim waiting on it.
     let waiter = {
         let mut w = server.connect("postgres");
@@ -248,14 +253,17 @@ fn exporter_serves_the_queries_of_monitoring() {
         ("a", "delayed", 2.0),
         ("a", "claimed", 3.0),
         ("a", "dead", 1.0),
+        ("a", "pending", 0.0),
         ("b", "ready", 1.0),
         ("b", "delayed", 0.0),
         ("b", "claimed", 1.0),
         ("b", "dead", 2.0),
+        ("b", "pending", 1.0),
         ("c", "ready", 0.0),
         ("c", "delayed", 0.0),
         ("c", "claimed", 0.0),
         ("c", "dead", 0.0),
+        ("c", "pending", 0.0),
     ]
     .into_iter()
     .map(|(q, s, v)| ((q.to_string(), s.to_string()), v))

@@ -4,8 +4,20 @@ Sync API here; its asyncio twin is `pgqueue.aio`. Logs go to the `pgqueue` logge
 """
 
 from .messages import Message, error_text
-from .producer import Outcome, Producer, result, send, send_batch
+from .producer import GraphRow, Outcome, ParentFailure, Producer, graph, result, send, send_batch
 from .worker import Worker
 
-__all__ = ["Message", "Outcome", "Producer", "Worker", "error_text", "result", "send", "send_batch"]
+__all__ = [
+    "GraphRow",
+    "Message",
+    "Outcome",
+    "ParentFailure",
+    "Producer",
+    "Worker",
+    "error_text",
+    "graph",
+    "result",
+    "send",
+    "send_batch",
+]
 __version__ = "0.5.0"

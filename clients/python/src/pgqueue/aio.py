@@ -1,5 +1,5 @@
-"""The asyncio twin of `pgqueue`: `send`, `send_batch`, `result`, `AsyncProducer` and
-`AsyncWorker`, with the same arguments and behaviour as the sync ones (handlers are coroutine
+"""The asyncio twin of `pgqueue`: `send`, `send_batch`, `result`, `graph`, `AsyncProducer`
+and `AsyncWorker`, with the same arguments and behaviour as the sync ones (handlers are coroutine
 functions and run as tasks)."""
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ from typing import Any
 import psycopg
 
 from .messages import Message, Seconds, backoff, error_text, short
-from .producer import Outcome, result_query, send_batch_query, send_query
+from .producer import (
+    GraphRow,
+    Outcome,
+    ParentFailure,
+    graph_query,
+    result_query,
+    send_batch_query,
+    send_query,
+)
 from .worker import (
     CONNECTION_ERRORS,
     REFUSED,
@@ -44,9 +52,11 @@ async def send(
     headers: Mapping[str, Any] | None = None,
     dedup_key: str | None = None,
     dedup_for: Seconds | None = None,
+    after: Sequence[int] | None = None,
+    on_parent_failure: ParentFailure | None = None,
 ) -> int:
     """`pgqueue.send` on an AsyncConnection or AsyncCursor; never commits."""
-    sql, params = send_query(queue, payload, delay, priority, headers, dedup_key, dedup_for)
+    sql, params = send_query(queue, payload, delay, priority, headers, dedup_key, dedup_for, after, on_parent_failure)
     cur = await _cursor(target, "send").execute(sql, params)
     row = await cur.fetchone()
     assert row is not None
@@ -63,9 +73,13 @@ async def send_batch(
     headers: Mapping[str, Any] | None = None,
     dedup_keys: Sequence[str | None] | None = None,
     dedup_for: Seconds | None = None,
+    after: Sequence[int] | None = None,
+    on_parent_failure: ParentFailure | None = None,
 ) -> list[int]:
     """`pgqueue.send_batch` on an AsyncConnection or AsyncCursor; never commits."""
-    sql, params = send_batch_query(queue, payloads, delay, priority, headers, dedup_keys, dedup_for)
+    sql, params = send_batch_query(
+        queue, payloads, delay, priority, headers, dedup_keys, dedup_for, after, on_parent_failure
+    )
     cur = await _cursor(target, "send_batch").execute(sql, params)
     row = await cur.fetchone()
     assert row is not None
@@ -79,6 +93,12 @@ async def result(
     cur = await _cursor(target, "result").execute(*result_query(msg_id, wait, queue))
     row = await cur.fetchone()
     return None if row is None else Outcome(*row)
+
+
+async def graph(target: AsyncTarget, msg_id: int) -> list[GraphRow]:
+    """`pgqueue.graph` on an AsyncConnection or AsyncCursor."""
+    cur = await _cursor(target, "graph").execute(*graph_query(msg_id))
+    return [GraphRow(*row) for row in await cur.fetchall()]
 
 
 def _cursor(target: Any, what: str) -> Any:
@@ -112,12 +132,23 @@ class AsyncProducer:
         )
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
-    async def _row(self, sql: str, params: list[Any]) -> Any:
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = await psycopg.AsyncConnection.connect(self._dsn, **self._connect_args)
-        conn = self._conn
+        return self._conn
+
+    async def _row(self, sql: str, params: list[Any]) -> Any:
+        conn = await self._connection()
         try:
             return await (await conn.execute(sql, params)).fetchone()
+        except psycopg.OperationalError:
+            await conn.close()
+            raise
+
+    async def _rows(self, sql: str, params: list[Any]) -> list[Any]:
+        conn = await self._connection()
+        try:
+            return await (await conn.execute(sql, params)).fetchall()
         except psycopg.OperationalError:
             await conn.close()
             raise
@@ -137,8 +168,14 @@ class AsyncProducer:
         headers: Mapping[str, Any] | None = None,
         dedup_key: str | None = None,
         dedup_for: Seconds | None = None,
+        after: Sequence[int] | None = None,
+        on_parent_failure: ParentFailure | None = None,
     ) -> int:
-        return int(await self._run(*send_query(queue, payload, delay, priority, headers, dedup_key, dedup_for)))
+        return int(
+            await self._run(
+                *send_query(queue, payload, delay, priority, headers, dedup_key, dedup_for, after, on_parent_failure)
+            )
+        )
 
     async def send_batch(
         self,
@@ -150,13 +187,22 @@ class AsyncProducer:
         headers: Mapping[str, Any] | None = None,
         dedup_keys: Sequence[str | None] | None = None,
         dedup_for: Seconds | None = None,
+        after: Sequence[int] | None = None,
+        on_parent_failure: ParentFailure | None = None,
     ) -> list[int]:
-        ids = await self._run(*send_batch_query(queue, payloads, delay, priority, headers, dedup_keys, dedup_for))
+        ids = await self._run(
+            *send_batch_query(
+                queue, payloads, delay, priority, headers, dedup_keys, dedup_for, after, on_parent_failure
+            )
+        )
         return [int(i) for i in ids or []]
 
     async def result(self, msg_id: int, wait: Seconds | None = None, queue: str | None = None) -> Outcome | None:
         row = await self._row(*result_query(msg_id, wait, queue))
         return None if row is None else Outcome(*row)
+
+    async def graph(self, msg_id: int) -> list[GraphRow]:
+        return [GraphRow(*row) for row in await self._rows(*graph_query(msg_id))]
 
     async def close(self) -> None:
         if self._conn is not None:

@@ -1,13 +1,13 @@
 """Sending messages: inside the caller's transaction (`send`, `send_batch`), or on a
-connection of the producer's own that commits each call (`Producer`); and reading, or
-awaiting, what became of one (`result`)."""
+connection of the producer's own that commits each call (`Producer`); reading, or
+awaiting, what became of one (`result`); and its dependencies (`graph`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -15,6 +15,11 @@ from psycopg.types.json import Jsonb
 from .messages import Seconds, interval
 
 Target = psycopg.Connection[Any] | psycopg.Cursor[Any]
+
+ParentFailure = Literal["cancel", "dead", "run"]
+"""What becomes of a message sent with `after` when a parent fails (is dead-lettered, cancelled,
+or deleted with its queue): 'cancel' (the server's default) cancels it, 'dead' dead-letters it
+(both down its own children too), 'run' lets it run all the same."""
 
 
 def send(
@@ -27,12 +32,20 @@ def send(
     headers: Mapping[str, Any] | None = None,
     dedup_key: str | None = None,
     dedup_for: Seconds | None = None,
+    after: Sequence[int] | None = None,
+    on_parent_failure: ParentFailure | None = None,
 ) -> int:
     """Enqueues `payload` (anything JSON can hold) on the caller's connection or cursor and
     returns its msg_id. Never commits: the message becomes visible when the caller's
     transaction commits (with an autocommit connection, at once), and vanishes if it rolls back.
-    With `dedup_key`, a key already held returns the id of the message that holds it."""
-    sql, params = send_query(queue, payload, delay, priority, headers, dedup_key, dedup_for)
+    With `dedup_key`, a key already held returns the id of the message that holds it.
+
+    With `after` (msg_ids of committed messages, of any queue), the message is 'pending'
+    until every one of them has completed, then ready (or delayed until its `delay`);
+    `on_parent_failure` says what becomes of it if one fails instead (`ParentFailure`;
+    the server's default: 'cancel'). Needs pgqueue 0.17.0 or later; left out, the statement
+    is one older servers know."""
+    sql, params = send_query(queue, payload, delay, priority, headers, dedup_key, dedup_for, after, on_parent_failure)
     row = _cursor(target, "send").execute(sql, params).fetchone()
     assert row is not None
     return int(row[0])
@@ -48,10 +61,15 @@ def send_batch(
     headers: Mapping[str, Any] | None = None,
     dedup_keys: Sequence[str | None] | None = None,
     dedup_for: Seconds | None = None,
+    after: Sequence[int] | None = None,
+    on_parent_failure: ParentFailure | None = None,
 ) -> list[int]:
     """Enqueues up to 10,000 payloads in one statement; returns their ids in order. Like
-    `send`, it never commits."""
-    sql, params = send_batch_query(queue, payloads, delay, priority, headers, dedup_keys, dedup_for)
+    `send`, it never commits. With `after`, every message of the batch waits for all of
+    those parents (see `send`)."""
+    sql, params = send_batch_query(
+        queue, payloads, delay, priority, headers, dedup_keys, dedup_for, after, on_parent_failure
+    )
     row = _cursor(target, "send_batch").execute(sql, params).fetchone()
     assert row is not None
     return [int(i) for i in row[0] or []]
@@ -62,8 +80,9 @@ class Outcome:
     """What became of a message so far, as `result` reads it (`pgq_result`)."""
 
     state: str
-    """'ready', 'delayed' or 'claimed' while it waits or runs; once finished, its outcome:
-    'completed', 'dead' or 'cancelled'."""
+    """'pending' (waiting for its parents: `send(..., after=...)`), 'ready', 'delayed' or
+    'claimed' while it waits or runs; once finished, its outcome: 'completed', 'dead' or
+    'cancelled'."""
     attempt: int
     result: Any
     """What its handler returned (completed messages only; None: nothing)."""
@@ -85,6 +104,38 @@ def result(target: Target, msg_id: int, wait: Seconds | None = None, queue: str 
     with the message as it is then (not `finished`). Waiting needs READ COMMITTED."""
     row = _cursor(target, "result").execute(*result_query(msg_id, wait, queue)).fetchone()
     return None if row is None else Outcome(*row)
+
+
+@dataclass(frozen=True)
+class GraphRow:
+    """One message of a message's dependency graph, as `graph` reads it (`pgq_graph`)."""
+
+    relation: str
+    """'message' (the message asked about), 'parent' (one of its `after`, in their order) or
+    'child' (a message sent with it in its `after` and still in the queue)."""
+    id: int
+    """Its msg_id."""
+    queue: str | None
+    """None for a parent whose history was pruned (so is everything below but `relation`, `id`)."""
+    state: str | None
+    """As `Outcome.state`: 'pending', 'ready', 'delayed' or 'claimed' while in the queue, its
+    outcome once finished."""
+    on_parent_failure: str | None
+    """A child's policy ('cancel', 'dead', 'run'); the message's own while it waits for parents;
+    None for a parent."""
+    enqueued_at: datetime | None
+    finished_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+
+def graph(target: Target, msg_id: int) -> list[GraphRow]:
+    """The dependencies of message `msg_id`: the message itself first ('message'), then its
+    parents ('parent'), then its children still in the queue ('child'); an empty list when
+    there is no such message (or its history was pruned). Needs pgqueue 0.17.0 or later."""
+    return [GraphRow(*row) for row in _cursor(target, "graph").execute(*graph_query(msg_id)).fetchall()]
 
 
 class Producer:
@@ -123,6 +174,14 @@ class Producer:
             conn.close()
             raise
 
+    def _rows(self, sql: str, params: list[Any]) -> list[Any]:
+        conn = self._connection()
+        try:
+            return conn.execute(sql, params).fetchall()
+        except psycopg.OperationalError:
+            conn.close()
+            raise
+
     def _run(self, sql: str, params: list[Any]) -> Any:
         row = self._row(sql, params)
         assert row is not None
@@ -138,9 +197,15 @@ class Producer:
         headers: Mapping[str, Any] | None = None,
         dedup_key: str | None = None,
         dedup_for: Seconds | None = None,
+        after: Sequence[int] | None = None,
+        on_parent_failure: ParentFailure | None = None,
     ) -> int:
         """`send`, committed."""
-        return int(self._run(*send_query(queue, payload, delay, priority, headers, dedup_key, dedup_for)))
+        return int(
+            self._run(
+                *send_query(queue, payload, delay, priority, headers, dedup_key, dedup_for, after, on_parent_failure)
+            )
+        )
 
     def send_batch(
         self,
@@ -152,15 +217,25 @@ class Producer:
         headers: Mapping[str, Any] | None = None,
         dedup_keys: Sequence[str | None] | None = None,
         dedup_for: Seconds | None = None,
+        after: Sequence[int] | None = None,
+        on_parent_failure: ParentFailure | None = None,
     ) -> list[int]:
         """`send_batch`, committed."""
-        ids = self._run(*send_batch_query(queue, payloads, delay, priority, headers, dedup_keys, dedup_for))
+        ids = self._run(
+            *send_batch_query(
+                queue, payloads, delay, priority, headers, dedup_keys, dedup_for, after, on_parent_failure
+            )
+        )
         return [int(i) for i in ids or []]
 
     def result(self, msg_id: int, wait: Seconds | None = None, queue: str | None = None) -> Outcome | None:
         """`result`; a wait holds the producer's connection (its other calls wait meanwhile)."""
         row = self._row(*result_query(msg_id, wait, queue))
         return None if row is None else Outcome(*row)
+
+    def graph(self, msg_id: int) -> list[GraphRow]:
+        """`graph`."""
+        return [GraphRow(*row) for row in self._rows(*graph_query(msg_id))]
 
     def close(self) -> None:
         if self._conn is not None:
@@ -194,6 +269,8 @@ def _common(
     priority: int,
     headers: Mapping[str, Any] | None,
     dedup_for: Seconds | None,
+    after: Sequence[int] | None,
+    on_parent_failure: ParentFailure | None,
 ) -> tuple[list[str], list[Any]]:
     if not isinstance(queue, str):
         raise TypeError(f"queue must be a str, not {type(queue).__name__}")
@@ -212,7 +289,26 @@ def _common(
     if dedup_for is not None:
         args.append("dedup_for => %s::interval")
         params.append(interval(dedup_for, "dedup_for"))
+    if after is not None:
+        args.append("after => %s::bigint[]")
+        params.append(_ids(after, "after"))
+    if on_parent_failure is not None:
+        if not isinstance(on_parent_failure, str):
+            raise TypeError(
+                f"on_parent_failure must be 'cancel', 'dead' or 'run', not {type(on_parent_failure).__name__}"
+            )
+        args.append("on_parent_failure => %s::text")
+        params.append(on_parent_failure)
     return args, params
+
+
+def _ids(ids: Sequence[int], name: str) -> list[int]:
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Sequence):
+        raise TypeError(f"{name} must be a sequence (a list) of msg_ids, not {type(ids).__name__}")
+    for i in ids:
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise TypeError(f"{name} must hold msg_ids (int), not {type(i).__name__}")
+    return list(ids)
 
 
 def send_query(
@@ -223,8 +319,10 @@ def send_query(
     headers: Mapping[str, Any] | None,
     dedup_key: str | None,
     dedup_for: Seconds | None,
+    after: Sequence[int] | None = None,
+    on_parent_failure: ParentFailure | None = None,
 ) -> tuple[str, list[Any]]:
-    args, params = _common(queue, delay, priority, headers, dedup_for)
+    args, params = _common(queue, delay, priority, headers, dedup_for, after, on_parent_failure)
     if dedup_key is not None:
         args.append("dedup_key => %s::text")
         params.append(dedup_key)
@@ -240,10 +338,12 @@ def send_batch_query(
     headers: Mapping[str, Any] | None,
     dedup_keys: Sequence[str | None] | None,
     dedup_for: Seconds | None,
+    after: Sequence[int] | None = None,
+    on_parent_failure: ParentFailure | None = None,
 ) -> tuple[str, list[Any]]:
     if isinstance(payloads, (str, bytes, Mapping)) or not isinstance(payloads, Sequence):
         raise TypeError(f"payloads must be a sequence (a list) of payloads, not {type(payloads).__name__}")
-    args, params = _common(queue, delay, priority, headers, dedup_for)
+    args, params = _common(queue, delay, priority, headers, dedup_for, after, on_parent_failure)
     if dedup_keys is not None:
         if len(dedup_keys) != len(payloads):
             raise ValueError(
@@ -274,3 +374,13 @@ def result_query(msg_id: int, wait: Seconds | None, queue: str | None) -> tuple[
         f" FROM pgqueue.pgq_result({', '.join(args)})"
     )
     return sql, params
+
+
+def graph_query(msg_id: int) -> tuple[str, list[Any]]:
+    if not isinstance(msg_id, int) or isinstance(msg_id, bool):
+        raise TypeError(f"msg_id must be an int, not {type(msg_id).__name__}")
+    sql = (
+        "SELECT relation, id, queue, state, on_parent_failure, enqueued_at, finished_at"
+        " FROM pgqueue.pgq_graph(msg_id => %s::bigint)"
+    )
+    return sql, [msg_id]
