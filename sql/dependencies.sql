@@ -42,7 +42,7 @@ DECLARE
 BEGIN
     SELECT coalesce(array_agg(l.msg_id), '{}') INTO live
       FROM (SELECT m.msg_id FROM pgqueue.messages m WHERE m.msg_id = ANY (after) ORDER BY m.msg_id FOR KEY SHARE) l;
-    UPDATE pgqueue.messages m SET has_dependents = true WHERE m.msg_id = ANY (live) AND NOT m.has_dependents;
+    UPDATE pgqueue.messages m SET has_dependents = true WHERE m.msg_id = ANY (live) AND m.has_dependents IS NOT TRUE;
     IF pg_catalog.cardinality(live) < pg_catalog.cardinality(after) THEN
         SELECT h.msg_id, h.outcome INTO failed_parent, failed_outcome
           FROM pgqueue.history h

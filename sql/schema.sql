@@ -50,7 +50,7 @@ CREATE TABLE pgqueue.messages (
     cancel_requested_at timestamptz, -- pgq_cancel of a claimed message: its holder is to stop
     progress         jsonb,        -- what its holders reported with their renewals (the latest)
     after            bigint[],     -- dependencies: the parents it was sent to wait for (pgq_send's after)
-    has_dependents   boolean NOT NULL DEFAULT false, -- a child was sent with this message in its after
+    has_dependents   boolean,      -- true: a child was sent with this message in its after
     CONSTRAINT messages_session_only_when_claimed CHECK (session_pid IS NULL OR state = 'claimed'),
     CONSTRAINT messages_cancel_only_when_claimed CHECK (cancel_requested_at IS NULL OR state = 'claimed'),
     -- A pending message may have a due time: it is delayed until then once its parents completed.
@@ -198,11 +198,11 @@ SELECT pg_catalog.pg_extension_config_dump('pgqueue.queues', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages_msg_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.dedup_keys', '');
-SELECT pg_catalog.pg_extension_config_dump('pgqueue.dependencies', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.schedules', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.queue_minutes', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.audit_log', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.audit_log_action_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.dependencies', '');
 
 -- Prune backoff: queues whose pruning was blocked or skipped repeatedly wait a while.
 CREATE TABLE pgqueue.prune_state (

@@ -12,7 +12,7 @@
 -- read pgqueue.messages once, and CREATE INDEX reads it again (no rewrite).
 -- The library runs the 0.16.0 SQL as before: install, restart, update.
 
-ALTER TABLE pgqueue.messages ADD COLUMN after bigint[], ADD COLUMN has_dependents boolean NOT NULL DEFAULT false;
+ALTER TABLE pgqueue.messages ADD COLUMN after bigint[], ADD COLUMN has_dependents boolean;
 ALTER TABLE pgqueue.history ADD COLUMN after bigint[];
 ALTER TABLE pgqueue.messages
     DROP CONSTRAINT messages_state_check,
@@ -25,9 +25,13 @@ ALTER TABLE pgqueue.messages
 CREATE INDEX messages_pending_idx ON pgqueue.messages (msg_id)
     WHERE state = 'pending';
 
+-- Added without a default, filled, then given it: so that the catalog matches a fresh
+-- install's (a default given to ADD COLUMN is kept as the column's "missing value").
+ALTER TABLE pgqueue.worker_state ADD COLUMN dependency_failures bigint, ADD COLUMN released bigint;
+UPDATE pgqueue.worker_state SET dependency_failures = 0, released = 0;
 ALTER TABLE pgqueue.worker_state
-    ADD COLUMN dependency_failures bigint NOT NULL DEFAULT 0,
-    ADD COLUMN released bigint NOT NULL DEFAULT 0;
+    ALTER COLUMN dependency_failures SET DEFAULT 0, ALTER COLUMN dependency_failures SET NOT NULL,
+    ALTER COLUMN released SET DEFAULT 0, ALTER COLUMN released SET NOT NULL;
 
 -- Dependencies (sql/dependencies.sql): one row per parent a pending message still waits for,
 -- or waited for. parent_outcome is NULL until the parent finishes, then how it did ('completed',
@@ -94,7 +98,7 @@ DECLARE
 BEGIN
     SELECT coalesce(array_agg(l.msg_id), '{}') INTO live
       FROM (SELECT m.msg_id FROM pgqueue.messages m WHERE m.msg_id = ANY (after) ORDER BY m.msg_id FOR KEY SHARE) l;
-    UPDATE pgqueue.messages m SET has_dependents = true WHERE m.msg_id = ANY (live) AND NOT m.has_dependents;
+    UPDATE pgqueue.messages m SET has_dependents = true WHERE m.msg_id = ANY (live) AND m.has_dependents IS NOT TRUE;
     IF pg_catalog.cardinality(live) < pg_catalog.cardinality(after) THEN
         SELECT h.msg_id, h.outcome INTO failed_parent, failed_outcome
           FROM pgqueue.history h
@@ -418,8 +422,9 @@ BEGIN ATOMIC
         released = released + coalesce((counts->>'released')::bigint, 0),
         last_error = coalesce(counts->>'error', last_error),
         last_error_at = CASE WHEN counts ? 'error' THEN now() ELSE last_error_at END;
+END;
 
-- Metrics, shaped for Prometheus' postgres_exporter: one row per queue.
+-- Metrics, shaped for Prometheus' postgres_exporter: one row per queue.
 CREATE OR REPLACE VIEW pgqueue.queue_stats AS
 SELECT q.queue,
        q.paused,

@@ -4,14 +4,15 @@
 //! keeps a job past its lease by renewing it, sends a handler's progress with its renewals and
 //! its result with its ack for a caller awaiting it, gives back what it holds when it stops,
 //! and survives `pg_terminate_backend` of its connections and a server restart without losing
-//! or doubling a message.
+//! or doubling a message. Sends with parents (`after`) wait for their acks, as `graph` shows.
 
 use crate::common;
 
 use common::server::Server;
 use common::{Client, Finished, count, history, wait_for};
 use pgqueue_client::{
-    Error, HandlerError, Message, SendOptions, Worker, WorkerConfig, result, send, send_batch, tokio_postgres,
+    Error, GraphRow, HandlerError, Message, ParentFailure, SendOptions, Worker, WorkerConfig, graph, result, send,
+    send_batch, tokio_postgres,
 };
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -410,6 +411,117 @@ fn a_handler_reports_progress_and_a_result_that_a_caller_awaits() {
     assert!(took < Duration::from_secs(40), "woken at the ack's commit, not at the end of the wait ({took:?})");
     assert_eq!((outcome.state.as_str(), outcome.attempt, outcome.finished()), ("completed", 1, true));
     assert_eq!((outcome.result, outcome.progress), (Some(json!({"sum": 3})), Some(json!({"done": 1}))));
+}
+
+/// A `graph` row as (relation, id, state, on_parent_failure, finished).
+type Related<'a> = (&'a str, i64, Option<&'a str>, Option<&'a str>, bool);
+
+fn relations(rows: &[GraphRow]) -> Vec<Related<'_>> {
+    rows.iter()
+        .map(|r| (r.relation.as_str(), r.id, r.state.as_deref(), r.on_parent_failure.as_deref(), r.finished()))
+        .collect()
+}
+
+/// A chain sent with `after`: the child is pending (and not claimed by the worker with room
+/// for it) until the worker acks its parent; a batch waits for all of its parents, one of
+/// another queue; `graph` shows both sides; an unknown parent is 23503.
+#[test]
+fn a_child_waits_until_the_worker_acks_its_parents() {
+    let _turn = common::file_turn(file!());
+    let server = server();
+    let rt = runtime();
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('chain'); SELECT pgqueue.pgq_create_queue('elsewhere')").unwrap();
+    let client = async_client(&rt, &server);
+    let state = |id: i64| rt.block_on(result(&client, id, None, None)).unwrap().expect("the message").state;
+
+    let (a, b, other, batch) = rt.block_on(async {
+        let a = send(&client, "chain", &json!({"step": "a"}), SendOptions::default()).await.unwrap();
+        let after_a = SendOptions { after: Some(vec![a]), ..Default::default() };
+        let b = send(&client, "chain", &json!({"step": "b"}), after_a).await.unwrap();
+        let other = send(&client, "elsewhere", &json!({}), SendOptions::default()).await.unwrap();
+        let both = SendOptions {
+            after: Some(vec![a, other]),
+            on_parent_failure: Some(ParentFailure::Dead),
+            priority: Some(3),
+            ..Default::default()
+        };
+        let batch = send_batch(&client, "chain", &[json!({"n": 1}), json!({"n": 2})], both).await.unwrap();
+        (a, b, other, batch)
+    });
+    assert_eq!(state(b), "pending");
+    let of_b = rt.block_on(graph(&client, b)).unwrap();
+    assert_eq!(
+        relations(&of_b),
+        [("message", b, Some("pending"), Some("cancel"), false), ("parent", a, Some("ready"), None, false)]
+    );
+    assert_eq!(of_b[1].queue.as_deref(), Some("chain"));
+    let of_a = rt.block_on(graph(&client, a)).unwrap();
+    assert_eq!(
+        relations(&of_a),
+        [
+            ("message", a, Some("ready"), None, false),
+            ("child", b, Some("pending"), Some("cancel"), false),
+            ("child", batch[0], Some("pending"), Some("dead"), false),
+            ("child", batch[1], Some("pending"), Some("dead"), false),
+        ]
+    );
+    let of_batch = rt.block_on(graph(&client, batch[1])).unwrap();
+    assert_eq!(
+        of_batch.iter().map(|r| (r.relation.as_str(), r.id, r.queue.as_deref())).collect::<Vec<_>>(),
+        [("message", batch[1], Some("chain")), ("parent", a, Some("chain")), ("parent", other, Some("elsewhere"))]
+    );
+    assert_eq!(ParentFailure::from_sql(of_batch[0].on_parent_failure.as_deref().unwrap()), Some(ParentFailure::Dead));
+    assert!(rt.block_on(graph(&client, -1)).unwrap().is_empty(), "no such message");
+
+    // The worker runs a: b and the batch wait, although it has room for them.
+    let order = Arc::new(Mutex::new(vec![]));
+    let recorded = order.clone();
+    let config = WorkerConfig::new(server.dsn("postgres"), "chain").concurrency(4).wait(Duration::from_secs(1));
+    let worker = start(&rt, config, move |msg| {
+        recorded.lock().unwrap().push(msg.msg_id);
+        async { Ok(()) }
+    });
+    until_completed(&mut c, "chain", 2);
+    assert_eq!(*order.lock().unwrap(), [a, b], "b ran after a's ack");
+    assert_eq!((state(batch[0]), state(batch[1])), ("pending".into(), "pending".into()), "other is not done");
+
+    // Its last parent acked (by a plain claim on the other queue): the batch runs.
+    let acked: bool = c
+        .query_one(
+            "SELECT pgqueue.pgq_ack(msg_id => c.msg_id, claim_token => c.claim_token) \
+               FROM pgqueue.pgq_claim(queue => 'elsewhere', qty => 1) c",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(acked);
+    until_completed(&mut c, "chain", 4);
+    stop(&rt, worker).unwrap();
+    assert_eq!(
+        order.lock().unwrap()[2..].iter().copied().collect::<std::collections::BTreeSet<_>>(),
+        batch.iter().copied().collect()
+    );
+    let of_b = rt.block_on(graph(&client, b)).unwrap();
+    assert_eq!(
+        relations(&of_b),
+        [("message", b, Some("completed"), None, true), ("parent", a, Some("completed"), None, true)]
+    );
+    assert!(of_b[1].finished_at <= of_b[0].finished_at);
+
+    rt.block_on(async {
+        let unknown = SendOptions { after: Some(vec![a, -5]), ..Default::default() };
+        let e = send(&client, "chain", &json!({}), unknown).await.unwrap_err();
+        assert_eq!(e.sqlstate(), Some("23503"), "{e}");
+        let twice = SendOptions { after: Some(vec![a, a]), ..Default::default() };
+        let e = send_batch(&client, "chain", &[json!(1)], twice).await.unwrap_err();
+        assert_eq!(e.sqlstate(), Some("22023"), "{e}");
+        // Sent after a completed parent, with 'run': ready at once.
+        let run =
+            SendOptions { after: Some(vec![a]), on_parent_failure: Some(ParentFailure::Run), ..Default::default() };
+        let id = send(&client, "elsewhere", &json!({}), run).await.unwrap();
+        assert_eq!(result(&client, id, None, None).await.unwrap().unwrap().state, "ready");
+    });
 }
 
 /// Progress and a result larger than `pgqueue.max_payload_bytes` (54000): the renewal and the

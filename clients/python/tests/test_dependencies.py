@@ -85,7 +85,7 @@ def test_a_child_waits_until_the_worker_acks_its_parent(dsn, db, make_queue):
 def test_a_batch_waits_for_all_of_its_parents(dsn, db, make_queue):
     q, other = make_queue(), make_queue()
 
-    async def send() -> tuple[int, int, list[int], list[pgqueue.GraphRow]]:
+    async def send() -> tuple[int, int, list[int], list[pgqueue.GraphRow], list[pgqueue.GraphRow]]:
         async with pgqueue.aio.AsyncProducer(dsn) as ap:
             p1 = await ap.send(q, {"parent": 1})
             p2 = await ap.send(other, {"parent": 2})  # parents of any queue
@@ -95,33 +95,28 @@ def test_a_batch_waits_for_all_of_its_parents(dsn, db, make_queue):
                 )
                 await conn.commit()
                 rows = await pgqueue.aio.graph(conn, kids[0])
-            kids += await ap.send_batch(q, [{"child": 3}], after=[p2], priority=4)
-            assert await ap.graph(p2) == await pgqueue.aio.graph(db_async := await _connect(dsn), p2)
-            await db_async.close()
-        return p1, p2, kids, rows
+            kids += await ap.send_batch(other, [{"child": 3}], after=[p2])
+            return p1, p2, kids, rows, await ap.graph(p2)
 
-    p1, p2, kids, rows = asyncio.run(send())
+    p1, p2, kids, rows, of_p2 = asyncio.run(send())
     assert relations(rows) == [
         ("message", kids[0], q, "pending", "dead", False),
         ("parent", p1, q, "ready", None, False),
         ("parent", p2, other, "ready", None, False),
     ]
-    assert [(r.relation, r.id, r.on_parent_failure) for r in pgqueue.graph(db, p2)] == [
-        ("message", p2, None),
-        *[("child", k, "dead") for k in kids[:3]],
-        ("child", kids[3], "cancel"),
+    assert of_p2 == pgqueue.graph(db, p2)
+    assert [(r.relation, r.id, r.queue, r.on_parent_failure) for r in of_p2] == [
+        ("message", p2, other, None),
+        *[("child", k, q, "dead") for k in kids[:3]],
+        ("child", kids[3], other, "cancel"),
     ]
     assert [state(db, k) for k in kids] == ["pending"] * 4
 
-    assert claim_and_ack(db, other) == p2
-    assert [state(db, k) for k in kids] == ["pending"] * 3 + ["ready"], "the last waits for p1 only... no: p2 only"
-    assert claim_and_ack(db, q) == p1, "the pending children are not claimable, their parent is"
+    assert claim_and_ack(db, other) == p2, "the pending child is not claimable, its parent is"
+    assert [state(db, k) for k in kids] == ["pending"] * 3 + ["ready"], "the last one waited for p2 only"
+    assert claim_and_ack(db, q) == p1
     assert [state(db, k) for k in kids] == ["ready"] * 4
     assert [r.state for r in pgqueue.graph(db, kids[0])] == ["ready", "completed", "completed"]
-
-
-async def _connect(dsn: str) -> psycopg.AsyncConnection:
-    return await psycopg.AsyncConnection.connect(dsn, autocommit=True)
 
 
 class Permanent(Exception):
@@ -135,6 +130,7 @@ def test_a_failed_parent_cancels_dead_letters_or_runs_its_children(dsn, db, make
         run = p.send(kids_q, {"policy": "run"}, after=[parent], on_parent_failure="run")
         cancel = p.send(kids_q, {"policy": "cancel"}, after=[parent])
         grandchild = p.send(kids_q, {"policy": "grandchild"}, after=[cancel], on_parent_failure="run")
+        cancelled_too = p.send(kids_q, {"policy": "cancelled too"}, after=[cancel])
         dead = p.send(kids_q, {"policy": "dead"}, after=[parent], on_parent_failure="dead")
 
     def fail(msg: pgqueue.Message) -> None:
@@ -150,8 +146,9 @@ def test_a_failed_parent_cancels_dead_letters_or_runs_its_children(dsn, db, make
         cancelled, dead_lettered = p.result(cancel), p.result(dead)
         assert (cancelled.state, cancelled.last_error) == ("cancelled", f"parent {parent} was dead-lettered")
         assert (dead_lettered.state, dead_lettered.last_error) == ("dead", f"parent {parent} was dead-lettered")
-        gone = p.result(grandchild)
-        assert gone.state == "ready", "the grandchild's own policy ('run') applies to its cancelled parent"
+        assert p.result(grandchild).state == "ready", "a grandchild's own policy applies: 'run'"
+        further = p.result(cancelled_too)
+        assert (further.state, further.last_error) == ("cancelled", f"parent {cancel} was cancelled")
         # Sent after its parent failed: 'run' is ready at once, the default cancelled at once.
         late_run = p.send(kids_q, {"late": "run"}, after=[parent], on_parent_failure="run")
         late = p.send(kids_q, {"late": "cancel"}, after=[parent])
@@ -161,7 +158,7 @@ def test_a_failed_parent_cancels_dead_letters_or_runs_its_children(dsn, db, make
     with running(pgqueue.Worker(dsn, kids_q, lambda msg: handled.append(msg.msg_id), wait=5)):
         wait_for("the runnable children completed", lambda: outcomes(db, kids_q).get("completed") == 3)
     assert sorted(handled) == sorted([run, grandchild, late_run])
-    assert outcomes(db, kids_q) == {"completed": 3, "cancelled": 2, "dead": 1}
+    assert outcomes(db, kids_q) == {"completed": 3, "cancelled": 3, "dead": 1}
 
 
 def test_bad_parents_raise_the_servers_error(dsn, db, make_queue):

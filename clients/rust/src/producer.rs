@@ -1,9 +1,10 @@
 //! Sending: on the caller's client or transaction, so a message commits (or vanishes) with
-//! the caller's own writes. Nothing here commits. And reading, or awaiting, what became of a
-//! message ([`result`]).
+//! the caller's own writes. Nothing here commits. Reading, or awaiting, what became of a
+//! message ([`result`]), and its dependencies ([`graph`]).
 
 use crate::{Error, Param, Result, interval};
 use serde_json::Value;
+use std::fmt;
 use std::time::{Duration, SystemTime};
 use tokio_postgres::GenericClient;
 use tokio_postgres::types::{ToSql, Type};
@@ -25,6 +26,54 @@ pub struct SendOptions {
     pub dedup_keys: Option<Vec<Option<String>>>,
     /// How long a key stays taken after its message finished.
     pub dedup_for: Option<Duration>,
+    /// Parents (msg_ids of committed messages, of any queue): the message is `pending` until
+    /// every one has completed, then ready (or delayed until its `delay`). For [`send_batch`],
+    /// every message of the batch waits for all of them. At most 10,000, each once; an unknown
+    /// parent is SQLSTATE 23503. Needs pgqueue 0.17.0 or later.
+    pub after: Option<Vec<i64>>,
+    /// What becomes of the message if a parent fails instead of completing; None: the server's
+    /// default, [`ParentFailure::Cancel`]. Needs pgqueue 0.17.0 or later.
+    pub on_parent_failure: Option<ParentFailure>,
+}
+
+/// What becomes of a message sent with [`SendOptions::after`] when a parent fails (is
+/// dead-lettered, cancelled, or deleted with its queue): `pgq_send`'s `on_parent_failure`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ParentFailure {
+    /// Cancelled (and its own children after their policies): the server's default.
+    #[default]
+    Cancel,
+    /// Dead-lettered (and its own children after their policies).
+    Dead,
+    /// Runs all the same: the failed parent counts as done.
+    Run,
+}
+
+impl ParentFailure {
+    /// The SQL API's text: `cancel`, `dead` or `run`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParentFailure::Cancel => "cancel",
+            ParentFailure::Dead => "dead",
+            ParentFailure::Run => "run",
+        }
+    }
+
+    /// The policy named by the SQL API's text (as [`GraphRow::on_parent_failure`] has it).
+    pub fn from_sql(text: &str) -> Option<Self> {
+        match text {
+            "cancel" => Some(ParentFailure::Cancel),
+            "dead" => Some(ParentFailure::Dead),
+            "run" => Some(ParentFailure::Run),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ParentFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// `SELECT pgqueue.<function>(queue => $1, <first> => $2, …)` with only the options set.
@@ -71,6 +120,12 @@ impl Call {
         if let Some(dedup_for) = opts.dedup_for {
             self.interval("dedup_for", dedup_for);
         }
+        if let Some(after) = opts.after {
+            self.arg("after", Type::INT8_ARRAY, after);
+        }
+        if let Some(policy) = opts.on_parent_failure {
+            self.arg("on_parent_failure", Type::TEXT, policy.as_str());
+        }
     }
 
     fn params(&self) -> Vec<Param<'_>> {
@@ -80,6 +135,9 @@ impl Call {
 
 /// Enqueues one message on `client` (a `Client` in autocommit, or a `Transaction`: then it is
 /// visible when that transaction commits). Returns its msg_id.
+///
+/// With [`SendOptions::after`] it waits for its parents (state `pending`); the options not set
+/// are not sent, so a send without them works with servers before 0.17.0.
 pub async fn send(client: &impl GenericClient, queue: &str, payload: &Value, opts: SendOptions) -> Result<i64> {
     if opts.dedup_keys.is_some() {
         return Err(Error::InvalidArgument("send takes dedup_key; dedup_keys is for send_batch".into()));
@@ -93,7 +151,7 @@ pub async fn send(client: &impl GenericClient, queue: &str, payload: &Value, opt
 }
 
 /// Enqueues many messages in one statement (at most 10,000). Returns their msg_ids in the
-/// order of `payloads`.
+/// order of `payloads`. With [`SendOptions::after`], each of them waits for all the parents.
 pub async fn send_batch(
     client: &impl GenericClient,
     queue: &str,
@@ -129,8 +187,9 @@ pub async fn send_batch(
 /// What became of a message so far, as [`result`] reads it (`pgq_result`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
-    /// `ready`, `delayed` or `claimed` while it waits or runs; once finished, its outcome:
-    /// `completed`, `dead` or `cancelled`.
+    /// `pending` (waiting for its parents: [`SendOptions::after`]), `ready`, `delayed` or
+    /// `claimed` while it waits or runs; once finished, its outcome: `completed`, `dead` or
+    /// `cancelled`.
     pub state: String,
     /// Claims of it so far.
     pub attempt: i32,
@@ -185,4 +244,76 @@ pub async fn result(
         enqueued_at: r.get(5),
         finished_at: r.get(6),
     }))
+}
+
+/// One message of a message's dependency graph, as [`graph`] reads it (`pgq_graph`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphRow {
+    /// `message` (the message asked about), `parent` (one of its
+    /// [`after`](SendOptions::after), in their order) or `child` (a message sent with it in
+    /// its `after`, still in the queue).
+    pub relation: String,
+    /// Its msg_id.
+    pub id: i64,
+    /// None for a parent whose history was pruned (as are `state` and the times).
+    pub queue: Option<String>,
+    /// As [`Outcome::state`]: `pending`, `ready`, `delayed` or `claimed` while in the queue,
+    /// its outcome once finished.
+    pub state: Option<String>,
+    /// A child's policy (`cancel`, `dead`, `run`: [`ParentFailure::from_sql`]); the message's
+    /// own while it has links to parents; None for a parent.
+    pub on_parent_failure: Option<String>,
+    pub enqueued_at: Option<SystemTime>,
+    /// Set once it finished.
+    pub finished_at: Option<SystemTime>,
+}
+
+impl GraphRow {
+    /// Whether this message finished (`state` is then its outcome).
+    pub fn finished(&self) -> bool {
+        self.finished_at.is_some()
+    }
+}
+
+/// The dependencies of message `msg_id`: the message itself first (`message`), then its
+/// parents (`parent`), then its children still in the queue (`child`); empty when there is no
+/// such message (or its history was pruned). Needs pgqueue 0.17.0 or later.
+///
+/// ```no_run
+/// use pgqueue_client::{ParentFailure, SendOptions, graph, send};
+/// use serde_json::json;
+///
+/// # async fn example(client: &tokio_postgres::Client) -> Result<(), pgqueue_client::Error> {
+/// let extract = send(client, "etl", &json!({"step": "extract"}), SendOptions::default()).await?;
+/// let load = SendOptions {
+///     after: Some(vec![extract]),
+///     on_parent_failure: Some(ParentFailure::Dead),
+///     ..Default::default()
+/// };
+/// let load = send(client, "etl", &json!({"step": "load"}), load).await?;
+/// for row in graph(client, load).await? {
+///     println!("{} {} {:?}", row.relation, row.id, row.state); // message …, parent …
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn graph(client: &impl GenericClient, msg_id: i64) -> Result<Vec<GraphRow>> {
+    let mut call = Call::new();
+    call.arg("msg_id", Type::INT8, msg_id);
+    let sql = format!(
+        "SELECT relation, id, queue, state, on_parent_failure, enqueued_at, finished_at FROM pgqueue.pgq_graph({})",
+        call.args.join(", ")
+    );
+    let rows = client.query_typed(&sql, &call.params()).await?;
+    Ok(rows
+        .iter()
+        .map(|r| GraphRow {
+            relation: r.get(0),
+            id: r.get(1),
+            queue: r.get(2),
+            state: r.get(3),
+            on_parent_failure: r.get(4),
+            enqueued_at: r.get(5),
+            finished_at: r.get(6),
+        })
+        .collect())
 }
