@@ -215,10 +215,7 @@ fn dropping_a_queue_deletes_parents_of_other_queues_children() {
     let runs = send_after(&mut c, &kept, &[p], "run");
     let orphan_child = send_after(&mut c, &doomed, &[runs], "cancel");
     c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&doomed]).unwrap();
-    assert_eq!(
-        history_of(&mut c, cancelled)[0].result(),
-        ("cancelled", 0, Some(&*format!("parent {p} was deleted with its queue")))
-    );
+    assert_eq!(history_of(&mut c, cancelled)[0].result(), ("cancelled", 0, Some(&*format!("parent {p} was deleted"))));
     assert_eq!(state(&mut c, runs).as_deref(), Some("ready"));
     assert_eq!(
         c.query_one("SELECT count(*) FROM pgqueue.dependencies WHERE child = $1 OR parent = $1", &[&orphan_child])
@@ -294,4 +291,74 @@ fn a_send_racing_its_parents_ack_is_never_left_waiting() {
         assert_eq!(state(&mut c, child).as_deref(), Some("ready"), "round {round}");
         run(&mut c, &q, child);
     }
+}
+
+/// Sends `PARENTS` parents and a child after them, claims the parents, and acks each in a
+/// transaction of its own connection; every ack is made before any commits, so each sees the
+/// others' links unfinished and none releases the child. Returns the child.
+fn ack_parents_together(c: &mut Client, ackers: &mut [Client], q: &str) -> i64 {
+    let parents: Vec<i64> = (0..ackers.len()).map(|_| send(c, q, json!({}))).collect();
+    let child = send_after(c, q, &parents, "cancel");
+    let held = claim(c, q, ackers.len() as i32, None);
+    assert_eq!(held.iter().map(|m| m.id).collect::<Vec<_>>(), parents);
+    let acked = Barrier::new(ackers.len());
+    std::thread::scope(|s| {
+        for (a, m) in ackers.iter_mut().zip(&held) {
+            let acked = &acked;
+            s.spawn(move || {
+                let mut tx = a.transaction().unwrap();
+                assert!(ack(&mut tx, m));
+                acked.wait();
+                tx.commit().unwrap();
+            });
+        }
+    });
+    child
+}
+
+/// The worker releases such a child, woken by those commits (its ticks are an hour apart
+/// here: only the hand-over can do it).
+#[test]
+fn the_worker_releases_a_child_whose_last_parents_finished_together() {
+    let server = common::server::Server::with_pgqueue(&["pgqueue.tick_interval = '1h'"]);
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('fan')").unwrap();
+    wait_for("the worker's first tick", LIMIT, || {
+        let ticks: i64 = c.query_one("SELECT ticks FROM pgqueue.worker_state", &[]).unwrap().get(0);
+        (ticks > 0).then_some(())
+    });
+    let mut ackers: Vec<Client> = (0..6).map(|_| server.connect("postgres")).collect();
+    const ROUNDS: i64 = 25;
+    for round in 0..ROUNDS {
+        let child = ack_parents_together(&mut c, &mut ackers, "fan");
+        wait_for(&format!("round {round}: the child released"), LIMIT, || {
+            (state(&mut c, child).as_deref() == Some("ready")).then_some(())
+        });
+        run(&mut c, "fan", child);
+    }
+    let (released, failures): (i64, i64) = {
+        let r = c.query_one("SELECT released, dependency_failures FROM pgqueue.worker_state", &[]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((released, failures), (ROUNDS, 0), "every child released by the worker");
+}
+
+/// Without the worker (or its shared memory), pgq_tick() finds such a child.
+#[test]
+fn pgq_tick_releases_a_child_whose_last_parents_finished_together() {
+    let server = common::server::Server::with_pgqueue(&["pgqueue.enabled = off"]);
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('fan')").unwrap();
+    let mut ackers: Vec<Client> = (0..4).map(|_| server.connect("postgres")).collect();
+    let child = ack_parents_together(&mut c, &mut ackers, "fan");
+    assert_eq!(state(&mut c, child).as_deref(), Some("pending"), "no ack released it");
+    let failed: i64 = c.query_one("SELECT count(*) FROM pgqueue.pgq_tick()", &[]).unwrap().get(0);
+    assert_eq!(failed, 0);
+    assert_eq!(state(&mut c, child).as_deref(), Some("ready"));
+    // A parent deleted around the API: its child follows its policy at the next tick.
+    let p = send(&mut c, "fan", json!({}));
+    let orphan = send_after(&mut c, "fan", &[p], "dead");
+    c.execute("DELETE FROM pgqueue.messages WHERE msg_id = $1", &[&p]).unwrap();
+    c.query("SELECT * FROM pgqueue.pgq_tick()", &[]).unwrap();
+    assert_eq!(history_of(&mut c, orphan)[0].result(), ("dead", 0, Some(&*format!("parent {p} was deleted"))));
 }

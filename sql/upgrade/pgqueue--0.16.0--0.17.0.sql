@@ -123,7 +123,7 @@ $$;
 CREATE FUNCTION pgqueue._parent_failed(parent bigint, outcome text) RETURNS text
 LANGUAGE sql IMMUTABLE
 RETURN pg_catalog.format('parent %s %s', parent,
-    CASE outcome WHEN 'dead' THEN 'was dead-lettered' WHEN 'deleted' THEN 'was deleted with its queue'
+    CASE outcome WHEN 'dead' THEN 'was dead-lettered'
                  ELSE 'was ' || outcome END);
 
 -- A child whose parent failed: what becomes of it (on_parent_failure 'cancel' or 'dead').
