@@ -66,6 +66,9 @@ struct Source {
     /// it waited.
     cancelling: (i64, Uuid),
     cancelled: i64,
+    /// Queue `flow`: a parent waiting and its child pending after it (0.17.0).
+    parent: i64,
+    child: i64,
     /// A message completed with a result (the long claim has reported progress).
     done: i64,
     /// A dead letter in a history partition two days old.
@@ -141,6 +144,16 @@ fn fill(c: &mut Client) -> Source {
     let cancelled: i64 = s.query_one("SELECT pgqueue.pgq_send('jobs', '{}')", &[]).unwrap().get(0);
     s.query("SELECT pgqueue.pgq_cancel(ARRAY[$1, $2]::bigint[], reason => 'stop')", &[&cancelling.0, &cancelled])
         .unwrap();
+    // What 0.17.0 adds: a child pending on its parent.
+    s.batch_execute("SELECT pgqueue.pgq_create_queue('flow')").unwrap();
+    let parent: i64 = s.query_one("SELECT pgqueue.pgq_send('flow', '{}')", &[]).unwrap().get(0);
+    let child: i64 = s
+        .query_one(
+            "SELECT pgqueue.pgq_send('flow', '{}', after => ARRAY[$1::bigint], on_parent_failure => 'dead')",
+            &[&parent],
+        )
+        .unwrap()
+        .get(0);
     let mut consumer = connect_to(&db);
     let bound = claim_session_bound(&mut consumer, "jobs");
     let keys = fill_schedules_and_keys(&mut s);
@@ -162,6 +175,8 @@ fn fill(c: &mut Client) -> Source {
         bound,
         cancelling,
         cancelled,
+        parent,
+        child,
         done: done.0,
         old_dead: -1,
         last_id,
@@ -284,7 +299,11 @@ fn check_restored(src: &Source, db: &str) {
         .map(|row| (row.get(0), row.get(1)))
         .collect();
     let long = format!("q{}", "x".repeat(39));
-    assert_eq!(counts, vec![("jobs".into(), 19), ("keyed".into(), 3), ("parked".into(), 1), (long, 1)], "{db}");
+    assert_eq!(
+        counts,
+        vec![("flow".into(), 2), ("jobs".into(), 19), ("keyed".into(), 3), ("parked".into(), 1), (long, 1)],
+        "{db}"
+    );
     let history: i64 = r.query_one("SELECT count(*) FROM pgqueue.history WHERE queue = 'jobs'", &[]).unwrap().get(0);
     assert_eq!(history, 8, "{db}");
     assert_eq!(outcome(&mut r, src.cancelled).as_deref(), Some("cancelled"), "{db}");
@@ -323,6 +342,23 @@ fn check_restored(src: &Source, db: &str) {
     let failed: bool = r.query_one("SELECT pgqueue.pgq_fail($1, $2)", &[&id, &token]).unwrap().get(0);
     assert!(failed, "{db}");
     assert_eq!(history_of(&mut r, id)[0].result(), ("cancelled", 1, Some("stop")), "{db}");
+    // The child still waits for its parent, and runs once it completed.
+    let graph: Vec<(String, i64, String)> = r
+        .query("SELECT relation, id, state FROM pgqueue.pgq_graph($1)", &[&src.child])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    assert_eq!(
+        graph,
+        vec![("message".into(), src.child, "pending".into()), ("parent".into(), src.parent, "ready".into())],
+        "{db}"
+    );
+    let (p, token) = claim_one(&mut r, "flow", None).held();
+    assert_eq!(p, src.parent, "{db}: only the parent is claimable");
+    let acked: bool = r.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&p, &token]).unwrap().get(0);
+    assert!(acked);
+    assert_eq!(message(&mut r, src.child).map(|m| m.state).as_deref(), Some("ready"), "{db}");
 
     // New sends continue past every restored id, also as the application's producer role.
     let mut producer = common::connect_as(&src.roles[0], db);
