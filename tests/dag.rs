@@ -18,9 +18,10 @@
 //! graph was sent, whatever they are doing then, and some while they run (their consumer asks
 //! for the cancel, waits for it, then acks: they finish as cancelled).
 //!
-//! A consumer claims and writes its log row (`dag_log(msg_id, attempt, started_at
-//! clock_timestamp())`) in one transaction: a claim that committed has its row, a row means
-//! the claim committed (the restart may cut a connection anywhere).
+//! Six consumers, two a queue, claim (waiting up to 200 ms) and write their log rows
+//! (`dag_log(msg_id, attempt, started_at clock_timestamp())`) in one statement: a claim that
+//! committed has its row, a row means the claim committed (the restart may cut a connection
+//! anywhere).
 //!
 //! What is asserted, once no message of the run is left in pgqueue.messages (nothing stuck:
 //! waited for, with a generous limit, and reported with the graph around what is left):
@@ -453,33 +454,29 @@ enum Round {
     Killed,
 }
 
-/// Claims from `q` and writes the log rows in one transaction; handles each message by its plan.
+/// Claims from `q` (waiting up to 200 ms) and writes the log rows, in one statement; handles
+/// each message by its plan.
 fn round(
     sh: &Shared,
     c: &mut Client,
     q: &str,
     cancels: &Sender<CancelRequest>,
 ) -> Result<Round, (postgres::Error, String)> {
-    let claim = |e| (e, format!("the claim from {q}"));
-    let mut tx = c.transaction().map_err(claim)?;
-    let rows = tx
+    let rows = c
         .query(
-            "SELECT msg_id, claim_token, attempt, payload FROM pgqueue.pgq_claim($1, $2, lease => '1 s')",
+            "WITH claimed AS (
+                 SELECT msg_id, claim_token, attempt, payload
+                   FROM pgqueue.pgq_claim($1, $2, lease => '1 s', wait => '200 ms')
+             ), logged AS (
+                 INSERT INTO dag_log (msg_id, attempt) SELECT msg_id, attempt FROM claimed
+             )
+             SELECT msg_id, claim_token, attempt, payload FROM claimed",
             &[&q, &CLAIM_QTY],
         )
-        .map_err(claim)?;
+        .map_err(|e| (e, format!("the claim from {q}")))?;
     if rows.is_empty() {
-        tx.commit().map_err(claim)?;
         return Ok(Round::Empty);
     }
-    let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-    let attempts: Vec<i32> = rows.iter().map(|r| r.get(2)).collect();
-    tx.execute(
-        "INSERT INTO dag_log (msg_id, attempt) SELECT * FROM unnest($1::bigint[], $2::int[])",
-        &[&ids, &attempts],
-    )
-    .map_err(claim)?;
-    tx.commit().map_err(claim)?;
     let mut killed = false;
     for r in &rows {
         let (id, token, attempt, payload): (i64, Uuid, i32, Value) = (r.get(0), r.get(1), r.get(2), r.get(3));
@@ -524,27 +521,19 @@ fn round(
     Ok(if killed { Round::Killed } else { Round::Worked })
 }
 
+/// Consumer `k` takes the messages of queue k mod 3.
 fn consumer(sh: Arc<Shared>, k: usize, cancels: Sender<CancelRequest>) {
     let mut conn: Option<Conn> = None;
-    let mut turn = k;
+    let q = QUEUES[k % QUEUES.len()];
     while !sh.stop.load(SeqCst) {
-        let mut empty = 0;
-        for _ in 0..QUEUES.len() {
-            let q = QUEUES[turn % QUEUES.len()];
-            turn += 1;
-            let c = conn.get_or_insert_with(|| Conn::open(&sh, &format!("consumer {k}")));
-            match round(&sh, &mut c.client, q, &cancels) {
-                Ok(Round::Empty) => empty += 1,
-                Ok(Round::Worked) => {}
-                Ok(Round::Killed) => conn = None,
-                Err((e, what)) => {
-                    c.lost(&sh, &e, &format!("consumer {k}: {what}"));
-                    conn = None;
-                }
+        let c = conn.get_or_insert_with(|| Conn::open(&sh, &format!("consumer {k}")));
+        match round(&sh, &mut c.client, q, &cancels) {
+            Ok(Round::Empty | Round::Worked) => {}
+            Ok(Round::Killed) => conn = None,
+            Err((e, what)) => {
+                c.lost(&sh, &e, &format!("consumer {k}: {what}"));
+                conn = None;
             }
-        }
-        if empty == QUEUES.len() {
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
