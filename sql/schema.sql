@@ -111,9 +111,11 @@ CREATE TABLE pgqueue.dependencies (
 );
 -- A child's rows, to remove them when it finishes.
 CREATE INDEX dependencies_child_idx ON pgqueue.dependencies (child);
--- Whether a child still waits: one index entry per unfinished parent, so the check costs the
--- same whichever of 10,000 parents finished last.
-CREATE INDEX dependencies_waiting_idx ON pgqueue.dependencies (child) WHERE parent_outcome IS NULL;
+-- Whether a child is held back: one index entry per parent not finished yet, or failed under
+-- a policy other than 'run' (dependencies.rs reads it with this very condition). The check
+-- costs the same whichever of 10,000 parents finished last.
+CREATE INDEX dependencies_waiting_idx ON pgqueue.dependencies (child)
+    WHERE parent_outcome IS NULL OR (parent_outcome <> 'completed' AND on_parent_failure <> 'run');
 
 -- Periodic schedules (sql/schedule.sql). The worker fires each due one: it enqueues the run
 -- and advances next_run in one transaction. next_run NULL: the pattern has no further time.

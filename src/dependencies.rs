@@ -17,18 +17,22 @@ use crate::statement::Statement;
 use pgrx::pg_sys::{self, INT4OID, INT8ARRAYOID, INT8OID, TEXTARRAYOID};
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::mem::size_of;
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32};
 
 /// Marks the links of finished parents ($1, outcomes $2 beside) and removes those of finished
-/// children ($3). Returns each child of a marked link: NULL fate to be released when its
+/// children ($3), but for links another transaction holds: a parent finishing meanwhile marks
+/// its link and then waits for this child's row, and waiting for its link here would close a
+/// cycle (the link it leaves behind is collected by the tick, `ORPHANS`). Returns each child of a marked link: NULL fate to be released when its
 /// parents are all done, or 'cancelled'/'dead' with the error it then keeps.
 static FOLLOW: Statement = Statement {
     sql: c"WITH unlinked AS (
-               DELETE FROM pgqueue.dependencies d WHERE d.child = ANY ($3)
+               DELETE FROM pgqueue.dependencies d
+                WHERE d.ctid = ANY (ARRAY(SELECT l.ctid FROM pgqueue.dependencies l WHERE l.child = ANY ($3)
+                                             FOR UPDATE SKIP LOCKED))
            ), marked AS (
                UPDATE pgqueue.dependencies d SET parent_outcome = u.outcome
                  FROM unnest($1::bigint[], $2::text[]) AS u(parent, outcome)
@@ -43,16 +47,25 @@ static FOLLOW: Statement = Statement {
     args: &[INT8ARRAYOID, TEXTARRAYOID, INT8ARRAYOID],
 };
 
-/// Pending messages of $1 none of whose links is unfinished: claimable now (delayed until
-/// their due time, if they have one). Returns the ids released.
+/// Pending messages of $1 none of whose parents holds them back (unfinished, or failed under
+/// a policy other than 'run': those are FAILED's): claimable now (delayed until their due
+/// time, if they have one), but those another transaction holds (see `cascade`).
+/// Returns the ids released.
 static RELEASE: Statement = Statement {
-    sql: c"WITH freed AS (
+    sql: c"WITH done AS (
+               SELECT m.msg_id FROM pgqueue.messages m
+                WHERE m.msg_id = ANY ($1) AND m.state = 'pending'
+                  AND NOT EXISTS (SELECT FROM pgqueue.dependencies d
+                                   WHERE d.child = m.msg_id
+                                     AND (d.parent_outcome IS NULL
+                                          OR (d.parent_outcome <> 'completed' AND d.on_parent_failure <> 'run')))
+                ORDER BY m.msg_id
+                  FOR NO KEY UPDATE SKIP LOCKED
+           ), freed AS (
                UPDATE pgqueue.messages m
                   SET state = CASE WHEN m.visible_at > now() THEN 'delayed' ELSE 'ready' END,
                       visible_at = CASE WHEN m.visible_at > now() THEN m.visible_at END
-                WHERE m.msg_id = ANY ($1) AND m.state = 'pending'
-                  AND NOT EXISTS (SELECT FROM pgqueue.dependencies d
-                                   WHERE d.child = m.msg_id AND d.parent_outcome IS NULL)
+                 FROM done WHERE m.msg_id = done.msg_id
                RETURNING m.msg_id, m.queue, m.state, m.priority, m.visible_at
            ), noted AS (
                SELECT pgqueue._note(f.queue, count(*), 'pending', f.state, f.priority, min(f.msg_id), max(f.msg_id),
@@ -61,6 +74,35 @@ static RELEASE: Statement = Statement {
            )
            SELECT f.msg_id FROM freed f, (SELECT count(*) FROM noted) n ORDER BY f.msg_id",
     args: &[INT8ARRAYOID],
+};
+
+/// Of the pending messages $1, those with a parent that failed and a policy other than 'run':
+/// the outcome it gives them and why (by the lowest such parent).
+static FAILED: Statement = Statement {
+    sql: c"SELECT DISTINCT ON (d.child) d.child, pgqueue._child_outcome(d.on_parent_failure),
+                  pgqueue._parent_failed(d.parent, d.parent_outcome)
+             FROM pgqueue.dependencies d JOIN pgqueue.messages m ON m.msg_id = d.child AND m.state = 'pending'
+            WHERE d.child = ANY ($1) AND d.parent_outcome <> 'completed' AND d.on_parent_failure <> 'run'
+            ORDER BY d.child, d.parent",
+    args: &[INT8ARRAYOID],
+};
+
+/// Locks children about to be finished because of a failed parent, but those another
+/// transaction holds (see `cascade`).
+static LOCK_CHILDREN: Statement = Statement {
+    sql: c"SELECT m.msg_id FROM pgqueue.messages m WHERE m.msg_id = ANY ($1) ORDER BY m.msg_id
+             FOR UPDATE SKIP LOCKED",
+    args: &[INT8ARRAYOID],
+};
+
+/// Links whose child is no longer in the queue and that its finish could not remove (see
+/// FOLLOW), at most 1,000.
+static ORPHANS: Statement = Statement {
+    sql: c"DELETE FROM pgqueue.dependencies d
+            WHERE d.ctid = ANY (ARRAY(SELECT l.ctid FROM pgqueue.dependencies l
+                                       WHERE NOT EXISTS (SELECT FROM pgqueue.messages m WHERE m.msg_id = l.child)
+                                       LIMIT 1000 FOR UPDATE SKIP LOCKED))",
+    args: &[],
 };
 
 /// A window of pending messages after $1, at most $2.
@@ -81,18 +123,49 @@ static LOST_PARENTS: Statement = Statement {
     args: &[INT8ARRAYOID],
 };
 
+/// Children to finish because of a failed parent: by (outcome, error), their ids.
+type Failing = BTreeMap<(String, String), Vec<i64>>;
+
 /// Applies what the finish of `first` means to the children of its messages, and theirs.
 pub fn follow(first: Moved) {
-    let mut work = vec![first];
+    cascade(VecDeque::from([first]), Failing::new());
+}
+
+/// Level by level down the graph: each finish's children released or failed, those failed
+/// finished in turn. It never waits for a row another transaction holds (a send linking a new
+/// child, which may wait for this one: a deadlock): such a child is left to the worker, which
+/// looks at it once this commits (and the tick's windows, if that is lost).
+fn cascade(mut work: VecDeque<Moved>, mut failing: Failing) {
     let mut released_maybe: Vec<i64> = vec![];
-    while let Some(moved) = work.pop() {
+    loop {
+        if !failing.is_empty() {
+            let mut doomed: Vec<i64> = failing.values().flatten().copied().collect();
+            doomed.sort_unstable();
+            let rows = LOCK_CHILDREN.run(&[doomed.into_datum()]);
+            let locked: HashSet<i64> = (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
+            drop(rows);
+            for ((fate, error), children) in std::mem::take(&mut failing) {
+                let (now, held): (Vec<i64>, Vec<i64>) = children.into_iter().partition(|c| locked.contains(c));
+                released_maybe.extend(held);
+                if !now.is_empty() {
+                    let (fate, error) = (fate.as_str(), error.as_str());
+                    work.push_back(finish::move_rows(
+                        now.into_datum(),
+                        None,
+                        fate.into_datum(),
+                        error.into_datum(),
+                        None,
+                        None,
+                    ));
+                }
+            }
+        }
+        let Some(moved) = work.pop_front() else { break };
         if moved.parents.is_empty() && moved.children.is_empty() {
             continue;
         }
         let (parents, outcomes): (Vec<i64>, Vec<String>) = moved.parents.into_iter().unzip();
         let rows = FOLLOW.run(&[parents.into_datum(), outcomes.into_datum(), moved.children.into_datum()]);
-        // Children of failed parents, by what becomes of them and why.
-        let mut failing: BTreeMap<(String, String), Vec<i64>> = BTreeMap::new();
         for r in 0..rows.len() {
             let Some(child) = rows.get::<i64>(r, 1) else { continue };
             match rows.get::<String>(r, 2) {
@@ -102,24 +175,13 @@ pub fn follow(first: Moved) {
                 }
             }
         }
-        drop(rows);
-        for ((fate, error), children) in failing {
-            let (fate, error) = (fate.as_str(), error.as_str());
-            work.push(finish::move_rows(
-                children.into_datum(),
-                None,
-                fate.into_datum(),
-                error.into_datum(),
-                None,
-                None,
-            ));
-        }
     }
     if !released_maybe.is_empty() {
         released_maybe.sort_unstable();
         released_maybe.dedup();
         let released = release(&released_maybe);
-        // Still waiting here: perhaps for a parent whose finish commits with this one.
+        // Still waiting here: for a parent whose finish commits with this one, or held by
+        // another transaction.
         LATER.with_borrow_mut(|later| {
             if let Some(list) = later {
                 list.extend(released_maybe.iter().filter(|id| released.binary_search(id).is_err()));
@@ -129,6 +191,21 @@ pub fn follow(first: Moved) {
             }
         });
     }
+}
+
+/// Of the pending messages `ids`, those with a failed parent whose policy is not 'run': what
+/// becomes of them and why (the lowest such parent's).
+fn failing_among(ids: &[i64]) -> Failing {
+    let rows = FAILED.run(&[ids.to_vec().into_datum()]);
+    let mut failing = Failing::new();
+    for r in 0..rows.len() {
+        if let (Some(child), Some(fate), Some(error)) =
+            (rows.get::<i64>(r, 1), rows.get::<String>(r, 2), rows.get::<String>(r, 3))
+        {
+            failing.entry((fate, error)).or_default().push(child);
+        }
+    }
+    failing
 }
 
 /// Releases those of `candidates` whose parents are all done; returns them, sorted.
@@ -158,18 +235,26 @@ fn _finish_dependencies(parents: Option<Vec<i64>>, outcomes: Option<Vec<String>>
 /// with `window` (at most that many rows), pending messages after this process's cursor in
 /// msg_id order: parents of theirs that left without marking their links count as finished
 /// (a restore, a DELETE), and those done waiting are released. After a hand-over was lost,
-/// windows until every pending message was looked at. Returns how many it released.
-pub fn check_pending(window: Option<i32>) -> i64 {
+/// windows until every pending message was looked at. With `collect`, also removes links left
+/// behind by finished children (ORPHANS). Returns how many it released.
+pub fn check_pending(window: Option<i32>, collect: bool) -> i64 {
     thread_local! {
         static CURSOR: Cell<i64> = const { Cell::new(0) };
     }
     Spi::connect_mut(|_| {
         let mut released = 0;
+        if collect {
+            drop(ORPHANS.run(&[]));
+        }
         let (handed, lost) = take_handed();
         if !handed.is_empty() {
+            cascade(VecDeque::new(), failing_among(&handed));
             released += release(&handed).len() as i64;
         }
-        let Some(max_rows) = window.or(lost.then_some(1000)) else { return released };
+        let Some(max_rows) = window.or(lost.then_some(1000)) else {
+            forget();
+            return released;
+        };
         if lost {
             CURSOR.set(0);
         }
@@ -185,12 +270,14 @@ pub fn check_pending(window: Option<i32>) -> i64 {
                     .filter_map(|r| Some((found.get::<i64>(r, 1)?, found.get::<String>(r, 2)?)))
                     .collect();
                 drop(found);
-                if !parents.is_empty() {
-                    follow(Moved { ids: vec![], parents, children: vec![] });
-                }
+                let lost_parents = Moved { ids: vec![], parents, children: vec![] };
+                cascade(VecDeque::from([lost_parents]), failing_among(&ids));
                 released += release(&ids).len() as i64;
             }
             if !(lost && full) {
+                // What this check left (held by another transaction) is not handed back to
+                // itself, which would spin while that transaction lasts: the next window finds it.
+                forget();
                 break released;
             }
         }

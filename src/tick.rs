@@ -51,12 +51,10 @@ impl Outcome {
 pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     let mut out = Outcome::default();
     let level = sql_level(bracket, &mut out);
-    // First: a child whose last parents finished together waits for this (dependencies.rs).
-    if level >= SQL_DEPENDENCIES && (plan.all_steps || crate::dependencies::handed_over()) {
-        let window = plan.all_steps.then_some(PENDING_WINDOW);
-        if let Some(n) = step(bracket, &mut out, "dependency", || crate::dependencies::check_pending(window)) {
-            out.add("released", n);
-        }
+    // Between full ticks, first: a child whose last parents finished together waits for this
+    // (dependencies.rs).
+    if level >= SQL_DEPENDENCIES && !plan.all_steps && crate::dependencies::handed_over() {
+        check_pending(bracket, &mut out, None, false);
     }
     // Also between full ticks: the worker comes back early when a schedule falls due.
     if level >= SQL_SCHEDULES {
@@ -75,6 +73,9 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     }
     let current_sql = level >= SQL_SHARED_STATE;
     let prune_now = plan.all_steps && prune_due(bracket, &mut out);
+    if level >= SQL_DEPENDENCIES && plan.all_steps {
+        check_pending(bracket, &mut out, Some(PENDING_WINDOW), prune_now);
+    }
     // At the prune cadence a pass runs from the start even if no lease seems to have ended:
     // claims and leases written around the API (a restore, an UPDATE) are re-armed then.
     rescue(bracket, &mut out, pass, current_sql, prune_now);
@@ -403,6 +404,14 @@ fn sql_level(bracket: Bracket, out: &mut Outcome) -> u8 {
         LEVEL.set(level as u8);
     }
     LEVEL.get()
+}
+
+/// The dependency step: children handed over, a `window` of pending messages, and with
+/// `collect` links left behind (at the prune cadence: it reads the links table).
+fn check_pending(bracket: Bracket, out: &mut Outcome, window: Option<i32>, collect: bool) {
+    if let Some(n) = step(bracket, out, "dependency", || crate::dependencies::check_pending(window, collect)) {
+        out.add("released", n);
+    }
 }
 
 fn one(sql: &str) -> i64 {

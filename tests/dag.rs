@@ -229,7 +229,14 @@ struct Sent {
 
 /// Sends `g`'s nodes in order; their ids. `pause` runs after each send. A send chosen as a
 /// deadlock's victim is noted (it fails the test in the end) and sent again.
-fn send_graph(sh: &Shared, c: &mut impl GenericClient, gi: usize, g: &Graph, pause: &mut dyn FnMut()) -> Vec<i64> {
+fn send_graph(
+    sh: &Shared,
+    c: &mut impl GenericClient,
+    pid: i32,
+    gi: usize,
+    g: &Graph,
+    pause: &mut dyn FnMut(),
+) -> Vec<i64> {
     let mut ids = vec![0i64; g.nodes.len()];
     for send in &g.sends {
         let first = &g.nodes[send[0]];
@@ -248,6 +255,7 @@ fn send_graph(sh: &Shared, c: &mut impl GenericClient, gi: usize, g: &Graph, pau
             .collect();
         let policy_arg = if first.policy.is_some() { ", on_parent_failure => $4" } else { "" };
         let queue = QUEUES[first.queue];
+        sh.doing(pid, format!("the send of graph {gi}'s nodes {send:?} after {after:?}"));
         let got: Vec<i64> = if send.len() == 1 {
             let mut params: Vec<&(dyn ToSql + Sync)> = vec![&queue, &payloads[0], &after];
             if let Some(policy) = &first.policy {
@@ -302,8 +310,8 @@ struct Shared {
     unexpected: Mutex<Vec<String>>,
     /// Statements chosen as a deadlock's victim (40P01).
     deadlocks: Mutex<Vec<String>>,
-    /// Who each backend of the test's connections is.
-    pids: Mutex<HashMap<i32, String>>,
+    /// Who each backend of the test's connections is, and what it last started doing.
+    pids: Mutex<HashMap<i32, (String, String)>>,
     /// Ids the canceller was asked to cancel (noted before the call).
     cancelled: Mutex<HashSet<i64>>,
     acks: AtomicU64,
@@ -317,6 +325,13 @@ impl Shared {
     fn unexpected(&self, what: String) {
         eprintln!("dag: unexpected: {what}");
         self.unexpected.lock().unwrap().push(what);
+    }
+
+    /// Notes what backend `pid` starts doing (for a deadlock's report).
+    fn doing(&self, pid: i32, what: String) {
+        if let Some(entry) = self.pids.lock().unwrap().get_mut(&pid) {
+            entry.1 = what;
+        }
     }
 
     fn deadlock(&self, what: String) {
@@ -338,7 +353,7 @@ impl Shared {
             pids.sort_unstable();
             pids.dedup();
             for pid in pids {
-                let known = self.pids.lock().unwrap().get(&pid).cloned();
+                let known = self.pids.lock().unwrap().get(&pid).map(|(who, doing)| format!("{who}, {doing}"));
                 let who = known.unwrap_or_else(|| self.activity(pid));
                 out.push_str(&format!("\n  process {pid}: {who}"));
             }
@@ -367,6 +382,8 @@ impl Shared {
 /// A connection that knows whether the restart may have ended it.
 struct Conn {
     client: Client,
+    /// Its backend's (0: unknown).
+    pid: i32,
     epoch: u64,
     during_restart: bool,
 }
@@ -385,10 +402,12 @@ impl Conn {
                 .connect(postgres::NoTls)
             {
                 Ok(mut client) => {
+                    let mut pid = 0;
                     if let Ok(row) = client.query_one("SELECT pg_backend_pid()", &[]) {
-                        sh.pids.lock().unwrap().insert(row.get(0), who.to_string());
+                        pid = row.get(0);
+                        sh.pids.lock().unwrap().insert(pid, (who.to_string(), String::new()));
                     }
-                    return Conn { client, epoch, during_restart };
+                    return Conn { client, epoch, during_restart, pid };
                 }
                 Err(e) => {
                     assert!(!sh.stop.load(SeqCst), "the run stopped");
@@ -441,6 +460,7 @@ fn canceller(sh: Arc<Shared>, requests: Receiver<CancelRequest>) {
             // Once more after a connection the restart ended.
             for _ in 0..2 {
                 let c = conn.get_or_insert_with(|| Conn::open(&sh, "the canceller"));
+                sh.doing(c.pid, format!("pgq_cancel({})", r.id));
                 match c.client.query_one("SELECT pgqueue.pgq_cancel($1::bigint, reason => $2)", &[&r.id, &REASON]) {
                     Ok(_) => break,
                     Err(e) => {
@@ -462,9 +482,11 @@ fn canceller(sh: Arc<Shared>, requests: Receiver<CancelRequest>) {
 fn round(
     sh: &Shared,
     c: &mut Client,
+    pid: i32,
     q: &str,
     cancels: &Sender<CancelRequest>,
 ) -> Result<bool, (postgres::Error, String)> {
+    sh.doing(pid, format!("the claim from {q}"));
     let rows = c
         .query(
             "WITH claimed AS (
@@ -482,10 +504,10 @@ fn round(
         let (id, token, attempt, payload): (i64, Uuid, i32, Value) = (r.get(0), r.get(1), r.get(2), r.get(3));
         let plan = Plan::parse(payload["plan"].as_str().unwrap_or_default());
         let cancelling = payload["cancel_running"] == json!(true) && attempt == 1;
-        let with = |what: &'static str| {
-            move |e| {
-                (e, format!("the {what} of {id} (attempt {attempt}{})", if cancelling { ", cancelled" } else { "" }))
-            }
+        let call = |what: &str| {
+            let call = format!("the {what} of {id} (attempt {attempt}{})", if cancelling { ", cancelled" } else { "" });
+            sh.doing(pid, call.clone());
+            move |e| (e, call)
         };
         if cancelling {
             let (reply, done) = mpsc::channel();
@@ -495,21 +517,24 @@ fn round(
         }
         match plan.action(attempt) {
             Action::Ack => {
-                c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).map_err(with("ack"))?;
+                let failed = call("ack");
+                c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).map_err(failed)?;
                 sh.acks.fetch_add(1, SeqCst);
             }
             Action::Nack => {
                 let retry = payload["retry"].as_str().unwrap_or("0 s");
+                let failed = call("nack");
                 c.query_one(
                     "SELECT pgqueue.pgq_nack($1::bigint, $2::uuid, retry_in => $3::text::interval, error => 'dag: nack')",
                     &[&id, &token, &retry],
                 )
-                .map_err(with("nack"))?;
+                .map_err(failed)?;
                 sh.nacks.fetch_add(1, SeqCst);
             }
             Action::Fail => {
+                let failed = call("fail");
                 c.query_one("SELECT pgqueue.pgq_fail($1::bigint, $2::uuid, 'dag: fail')", &[&id, &token])
-                    .map_err(with("fail"))?;
+                    .map_err(failed)?;
                 sh.fails.fetch_add(1, SeqCst);
             }
             Action::Kill => {
@@ -527,7 +552,7 @@ fn consumer(sh: Arc<Shared>, k: usize, cancels: Sender<CancelRequest>) {
     let q = QUEUES[k % QUEUES.len()];
     while !sh.stop.load(SeqCst) {
         let c = conn.get_or_insert_with(|| Conn::open(&sh, &format!("consumer {k}")));
-        match round(&sh, &mut c.client, q, &cancels) {
+        match round(&sh, &mut c.client, c.pid, q, &cancels) {
             Ok(false) => {}
             Ok(true) => conn = None,
             Err((e, what)) => {
@@ -621,6 +646,8 @@ fn run(cfg: Run) {
             "pgqueue.launcher_naptime = '200ms'",
         ]);
     }
+    // Links a finished child could not remove are collected at the prune cadence.
+    conf.push("pgqueue.prune_interval = '1s'");
     let server = Server::init(&bindir(this_major()), &conf);
     server.start();
     let _keep_log = KeepLog { server: &server, name: cfg.name, seed };
@@ -661,7 +688,8 @@ fn run(cfg: Run) {
         running_cancels: AtomicU64::new(0),
     });
     let _stop = StopGuard(sh.clone());
-    let mut c = Conn::open(&sh, "the sender").client;
+    let sender = Conn::open(&sh, "the sender");
+    let (mut c, mut sender_pid) = (sender.client, sender.pid);
     let (cancels, requests) = mpsc::channel();
     let mut threads: Vec<(String, JoinHandle<()>)> = (0..CONSUMERS)
         .map(|k| {
@@ -689,7 +717,7 @@ fn run(cfg: Run) {
         for (gi, g) in graphs.iter().enumerate().skip(b * cfg.batch).take(cfg.batch) {
             let ids = if g.one_transaction {
                 let mut tx = c.transaction().unwrap();
-                let ids = send_graph(&sh, &mut tx, gi, g, &mut || {});
+                let ids = send_graph(&sh, &mut tx, sender_pid, gi, g, &mut || {});
                 tx.commit().unwrap();
                 ids
             } else {
@@ -698,7 +726,7 @@ fn run(cfg: Run) {
                         std::thread::sleep(Duration::from_millis(rng.range(1, 5)));
                     }
                 };
-                send_graph(&sh, &mut c, gi, g, &mut pause)
+                send_graph(&sh, &mut c, sender_pid, gi, g, &mut pause)
             };
             for (node, &id) in g.nodes.iter().zip(&ids) {
                 sent.push(Sent {
@@ -728,7 +756,8 @@ fn run(cfg: Run) {
                 cfg.name,
                 t.elapsed().as_secs_f64()
             );
-            c = Conn::open(&sh, "the sender").client;
+            let sender = Conn::open(&sh, "the sender");
+            (c, sender_pid) = (sender.client, sender.pid);
         }
         if b + 1 < batches {
             let t = Instant::now();
@@ -948,10 +977,21 @@ fn verify(c: &mut Client, sent: &[Sent], cancelled: &HashSet<i64>) -> (Vec<Strin
     if let Some(stray) = log.keys().find(|id| !known.contains(id)) {
         problems.push(format!("a log row of {stray}, which the test never sent"));
     }
-    let links: i64 = c
-        .query_one("SELECT count(*) FROM pgqueue.dependencies WHERE parent = ANY ($1) OR child = ANY ($1)", &[&ids])
-        .unwrap()
-        .get(0);
+    // Links a finished child could not remove (another transaction held them) go at the
+    // prune cadence: wait for it (a second here), a while.
+    let links_left = |c: &mut Client| -> i64 {
+        c.query_one("SELECT count(*) FROM pgqueue.dependencies WHERE parent = ANY ($1) OR child = ANY ($1)", &[&ids])
+            .unwrap()
+            .get(0)
+    };
+    let waited = Instant::now();
+    let mut links = links_left(c);
+    while links != 0 && waited.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(250));
+        // Without a worker, nothing else ticks now.
+        c.query("SELECT * FROM pgqueue.pgq_tick()", &[]).unwrap();
+        links = links_left(c);
+    }
     if links != 0 {
         problems.push(format!("{links} rows of the run's nodes left in pgqueue.dependencies"));
     }

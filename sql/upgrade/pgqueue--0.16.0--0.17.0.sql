@@ -49,9 +49,11 @@ CREATE TABLE pgqueue.dependencies (
 );
 -- A child's rows, to remove them when it finishes.
 CREATE INDEX dependencies_child_idx ON pgqueue.dependencies (child);
--- Whether a child still waits: one index entry per unfinished parent, so the check costs the
--- same whichever of 10,000 parents finished last.
-CREATE INDEX dependencies_waiting_idx ON pgqueue.dependencies (child) WHERE parent_outcome IS NULL;
+-- Whether a child is held back: one index entry per parent not finished yet, or failed under
+-- a policy other than 'run' (dependencies.rs reads it with this very condition). The check
+-- costs the same whichever of 10,000 parents finished last.
+CREATE INDEX dependencies_waiting_idx ON pgqueue.dependencies (child)
+    WHERE parent_outcome IS NULL OR (parent_outcome <> 'completed' AND on_parent_failure <> 'run');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.dependencies', '');
 
 -- Dependencies: a message sent with `after` (pgq_send, pgq_send_batch) is pending until every
@@ -83,7 +85,7 @@ END
 $$;
 
 -- Links the messages about to be sent (children, ids drawn already) to their parents. A parent
--- still in the hot table is locked FOR KEY SHARE and marked has_dependents: the transaction
+-- still in the hot table is marked has_dependents and locked: the transaction
 -- that finishes it waits for this send's commit, and then finds the new rows (it reads them in
 -- a statement of its own, src/finish.rs). A parent finished already counts as it ended:
 -- completed is done; dead or cancelled is a failure, which failed_parent and failed_outcome
@@ -98,13 +100,11 @@ DECLARE
     gone bigint[];
     unknown bigint;
 BEGIN
-    -- One statement: a send with one parent costs little more than one without.
+    -- Marked first, then locked: a lock taken FOR KEY SHARE and then raised by the update
+    -- would wait behind a finish that waits for this send (a deadlock). Both in msg_id order.
+    UPDATE pgqueue.messages m SET has_dependents = true WHERE m.msg_id = ANY (after) AND m.has_dependents IS NOT TRUE;
     WITH locked AS (
-        SELECT m.msg_id, m.has_dependents FROM pgqueue.messages m
-         WHERE m.msg_id = ANY (after) ORDER BY m.msg_id FOR KEY SHARE
-    ), marked AS (
-        UPDATE pgqueue.messages m SET has_dependents = true FROM locked l
-         WHERE m.msg_id = l.msg_id AND l.has_dependents IS NOT TRUE
+        SELECT m.msg_id FROM pgqueue.messages m WHERE m.msg_id = ANY (after) ORDER BY m.msg_id FOR KEY SHARE
     ), linked AS (
         INSERT INTO pgqueue.dependencies (parent, child, on_parent_failure)
         SELECT l.msg_id, c, on_parent_failure FROM locked l, pg_catalog.unnest(children) c
