@@ -26,8 +26,9 @@ use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32};
 /// Marks the links of finished parents ($1, outcomes $2 beside) and removes those of finished
 /// children ($3), but for links another transaction holds: a parent finishing meanwhile marks
 /// its link and then waits for this child's row, and waiting for its link here would close a
-/// cycle (the link it leaves behind is collected by the tick, `ORPHANS`). Returns each child of a marked link: NULL fate to be released when its
-/// parents are all done, or 'cancelled'/'dead' with the error it then keeps.
+/// cycle (the link it leaves behind is collected by the tick, `ORPHANS`). Returns each child
+/// of a marked link: NULL fate to be released when its parents are all done, or
+/// 'cancelled'/'dead' with the error it then keeps.
 static FOLLOW: Statement = Statement {
     sql: c"WITH unlinked AS (
                DELETE FROM pgqueue.dependencies d
