@@ -484,7 +484,7 @@ fn roles_get_only_their_part() {
     let id = send(&mut c, &q, json!(1));
     // PUBLIC can do nothing.
     let public_exec: bool = c
-        .query_one("SELECT has_function_privilege('public', 'pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb, text, interval)', 'EXECUTE')", &[])
+        .query_one("SELECT has_function_privilege('public', 'pgqueue.pgq_send(text, jsonb, interval, smallint, jsonb, text, interval, bigint[], text)', 'EXECUTE')", &[])
         .unwrap()
         .get(0);
     assert!(!public_exec);
@@ -565,7 +565,7 @@ fn transactions() {
 fn state_list_matches_the_check_constraint() {
     let mut c = connect();
     // The states the code uses, and the states the CHECK allows, must be the same set.
-    let code_states = ["claimed", "delayed", "ready"];
+    let code_states = ["claimed", "delayed", "pending", "ready"];
     let def: String = c
         .query_one("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'messages_state_check'", &[])
         .unwrap()
