@@ -28,17 +28,21 @@ use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32};
 /// its link and then waits for this child's row, and waiting for its link here would close a
 /// cycle (the link it leaves behind is collected by the tick, `ORPHANS`). Returns each child
 /// of a marked link: NULL fate to be released when its parents are all done, or
-/// 'cancelled'/'dead' with the error it then keeps.
+/// 'cancelled'/'dead' with the error it then keeps. The links are found by the primary key
+/// (`parent = ANY`) and each outcome looked up in a map built once: joined with the unnest,
+/// the generic plan read every link of the table for each ack of a 10,000-parent fan-in.
 static FOLLOW: Statement = Statement {
     sql: c"WITH unlinked AS (
                DELETE FROM pgqueue.dependencies d
                 WHERE d.ctid = ANY (ARRAY(SELECT l.ctid FROM pgqueue.dependencies l WHERE l.child = ANY ($3)
                                              FOR UPDATE SKIP LOCKED))
            ), marked AS (
-               UPDATE pgqueue.dependencies d SET parent_outcome = u.outcome
-                 FROM unnest($1::bigint[], $2::text[]) AS u(parent, outcome)
-                WHERE d.parent = u.parent AND d.parent_outcome IS NULL AND d.child <> ALL ($3)
-               RETURNING d.child, d.parent, u.outcome, d.on_parent_failure
+               UPDATE pgqueue.dependencies d
+                  SET parent_outcome = (SELECT pg_catalog.jsonb_object_agg(u.parent, u.outcome)
+                                          FROM unnest($1::bigint[], $2::text[]) AS u(parent, outcome))
+                                       ->> d.parent::text
+                WHERE d.parent = ANY ($1) AND d.parent_outcome IS NULL AND d.child <> ALL ($3)
+               RETURNING d.child, d.parent, d.parent_outcome AS outcome, d.on_parent_failure
            )
            SELECT m.child,
                   CASE WHEN m.outcome <> 'completed' AND m.on_parent_failure <> 'run'

@@ -101,6 +101,16 @@ pub struct Sizes {
     pub result_callers: usize,
     pub result_rounds: usize,
     pub result_poll: Duration,
+    /// Dependencies: single sends with `after` against plain ones, at each of these
+    /// connection counts, this many calls of each kind per connection, with each of these
+    /// numbers of parents; then `fan_in_runs` fan-ins of `fan_in_parents` parents acked by
+    /// `fan_in_consumers`, each beside a control run of as many messages without dependents.
+    pub dep_send_connections: Vec<usize>,
+    pub dep_send_calls: usize,
+    pub dep_send_parents: Vec<usize>,
+    pub fan_in_parents: i64,
+    pub fan_in_consumers: usize,
+    pub fan_in_runs: usize,
 }
 
 impl Sizes {
@@ -158,6 +168,12 @@ impl Sizes {
             result_callers: 64,
             result_rounds: 150,
             result_poll: Duration::from_millis(10),
+            dep_send_connections: vec![1, 4],
+            dep_send_calls: 1_000,
+            dep_send_parents: vec![1, 10],
+            fan_in_parents: 10_000,
+            fan_in_consumers: 16,
+            fan_in_runs: 5,
         }
     }
 
@@ -216,6 +232,12 @@ impl Sizes {
             result_callers: 4,
             result_rounds: 2,
             result_poll: Duration::from_millis(10),
+            dep_send_connections: vec![1, 2],
+            dep_send_calls: 10,
+            dep_send_parents: vec![1, 10],
+            fan_in_parents: 100,
+            fan_in_consumers: 2,
+            fan_in_runs: 2,
         }
     }
 }
@@ -239,6 +261,7 @@ pub struct Report {
     pub cron: Vec<cron_cost::CronCost>,
     pub console: Vec<console_size::ConsolePage>,
     pub results: Vec<ResultLatency>,
+    pub dependencies: Option<Dependencies>,
 }
 
 #[derive(Serialize, Clone)]
@@ -407,6 +430,75 @@ pub struct ResultLatency {
     pub max_ms: f64,
     /// The finisher's pgq_ack calls, each its own commit.
     pub ack_p50_ms: f64,
+}
+
+/// Dependencies: what `after` adds to a send, and a fan-in of many parents into one child.
+#[derive(Serialize, Debug, Default)]
+pub struct Dependencies {
+    pub sends: Vec<DependencySend>,
+    pub fan_in: Vec<FanInRun>,
+    /// The median over the runs of `release_ms`.
+    pub release_p50_ms: f64,
+}
+
+/// Single pgq_send calls, each its own commit, on `connections` connections at once, the
+/// kinds interleaved call by call: per-call latency as the client sees it.
+#[derive(Serialize, Debug)]
+pub struct DependencySend {
+    pub connections: usize,
+    /// Parents named in `after`, each a ready message of its own (0: a plain send).
+    pub parents: usize,
+    pub calls: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// p50 ÷ the plain send's p50 at the same connection count.
+    pub of_plain: f64,
+}
+
+/// One fan-in: a child sent with `after` naming `parents` ready messages, a claim waiting on
+/// the child's queue, and `consumers` claiming and acking the parents one at a time (claim,
+/// then ack, each its own commit). Beside it in the same run, the control: the same consumers
+/// acking as many messages that have no dependents.
+#[derive(Serialize, Debug)]
+pub struct FanInRun {
+    pub run: usize,
+    pub parents: i64,
+    pub consumers: usize,
+    /// The child's pgq_send call, naming every parent.
+    pub child_send_ms: f64,
+    /// The parents' acks: how many, over how long, and one pgq_ack call's latency.
+    pub acks: u64,
+    pub seconds: f64,
+    pub ack_p50_ms: f64,
+    pub ack_p99_ms: f64,
+    pub ack_max_ms: f64,
+    /// The p50 of the first and of the last tenth of the acks (in the order they returned):
+    /// whether an ack costs more as the child's parents finish.
+    pub ack_p50_first_tenth_ms: f64,
+    pub ack_p50_last_tenth_ms: f64,
+    /// The control's acks.
+    pub control_acks: u64,
+    pub control_seconds: f64,
+    pub control_ack_p50_ms: f64,
+    pub control_ack_p99_ms: f64,
+    pub control_ack_max_ms: f64,
+    pub control_ack_p50_first_tenth_ms: f64,
+    pub control_ack_p50_last_tenth_ms: f64,
+    /// From the last parent's ack returning (the latest commit of them all, as its consumer
+    /// saw it) to the waiting claim on the child's queue returning the child.
+    pub release_ms: f64,
+    /// What made the child claimable: the last ack's own transaction, or the worker (two
+    /// last acks committing together, neither seeing the other's).
+    pub released_by: String,
+    /// pg_locks sampled during the acks (fan-in, control): samples, samples with a consumer
+    /// waiting for a lock, and the longest such wait seen (with what it waited on).
+    pub lock_samples: u64,
+    pub lock_waiting_samples: u64,
+    pub lock_wait_ms: f64,
+    pub lock_wait_on: String,
+    pub control_lock_samples: u64,
+    pub control_lock_waiting_samples: u64,
+    pub control_lock_wait_ms: f64,
 }
 
 /// How a results caller asks for its message's outcome.
@@ -1031,6 +1123,9 @@ fn payload(job: u64) -> Value {
 }
 
 const QUEUE: &str = "bench";
+/// Dependencies: the parents' queue and the child's (reset drops them with the rest).
+const PARENTS: &str = "bench_parents";
+const CHILD: &str = "bench_child";
 
 /// The baseline queue, installed next to pgqueue.
 const BASELINE_SQL: &str = "
@@ -1075,11 +1170,13 @@ impl Bench {
     pub fn run(&self, scenarios: &[&str]) -> Report {
         let wants = |s: &str| scenarios.contains(&"all") || scenarios.contains(&s);
         let mut c = self.connect();
-        // Whether the shared buffers are in huge pages (huge_pages_status since 17).
+        // Whether the shared buffers are in huge pages (huge_pages_status since 17), and the
+        // release of pgqueue's SQL (runs that swap builds say which one they measured).
         let server = c
             .query_one(
                 "SELECT version() || ', huge_pages = ' || coalesce(current_setting('huge_pages_status', true),
-                        current_setting('huge_pages'))",
+                        current_setting('huge_pages'))
+                        || coalesce(', pgqueue ' || (SELECT extversion FROM pg_extension WHERE extname = 'pgqueue'), '')",
                 &[],
             )
             .unwrap()
@@ -1132,6 +1229,9 @@ impl Bench {
         if wants("results") {
             report.results = self.results();
         }
+        if wants("dependencies") {
+            report.dependencies = Some(self.dependencies());
+        }
         report
     }
 
@@ -1143,13 +1243,17 @@ impl Bench {
              SELECT pgqueue.pgq_create_queue('{QUEUE}', lease => '1 hour', retention => '1 day');"
         ))
         .unwrap();
-        // A queue's claims use its hints once a tick has checked them: within a second of its
-        // creation, but right after CREATE EXTENSION only when the database's worker has
-        // started (pgqueue.launcher_naptime, 10 s). Until then every claim scans from the
-        // start; that is not what a point measures.
+        Self::checked(c, QUEUE);
+    }
+
+    /// Waits until a tick has checked `queue`'s hints. A queue's claims use them from then on:
+    /// within a second of its creation, but right after CREATE EXTENSION only when the
+    /// database's worker has started (pgqueue.launcher_naptime, 10 s). Until then every claim
+    /// scans from the start; that is not what a point measures.
+    fn checked(c: &mut Client, queue: &str) {
         let waited = Instant::now();
         while !c
-            .query_one("SELECT coalesce(bool_or(tracked), false) FROM pgqueue.queue_depth WHERE queue = $1", &[&QUEUE])
+            .query_one("SELECT coalesce(bool_or(tracked), false) FROM pgqueue.queue_depth WHERE queue = $1", &[&queue])
             .unwrap()
             .get::<_, bool>(0)
         {
@@ -2726,4 +2830,360 @@ impl Bench {
             })
             .collect()
     }
+
+    /// Dependencies: single sends with `after` against plain ones, then fan-ins of many
+    /// parents into one child, each beside a control run of messages without dependents.
+    fn dependencies(&self) -> Dependencies {
+        let sends = self.dependency_sends();
+        let s = &self.sizes;
+        let (n, runs) = (s.fan_in_parents, s.fan_in_runs);
+        let mut c = self.connect();
+        // The consumers' connections serve every phase (a fresh backend's first calls fill
+        // its caches), warmed once before the first run.
+        let mut consumers: Vec<Client> = (0..s.fan_in_consumers).map(|_| self.connect()).collect();
+        let base = Instant::now();
+        self.dependencies_reset(&mut c);
+        Self::send_parents(&mut c, n.min(1_000));
+        (consumers, _) = self.ack_all(consumers, n.min(1_000) as u64, base);
+        let mut fan_in = vec![];
+        for run in 0..runs {
+            self.say(&format!(
+                "dependencies: fan-in {} of {runs}: {n} parents, {} consumers",
+                run + 1,
+                consumers.len()
+            ));
+            self.dependencies_reset(&mut c);
+            // Every other run measures the control first: the machine's drift falls on both.
+            let mut control = None;
+            if run % 2 == 1 {
+                Self::send_parents(&mut c, n);
+                let phase;
+                (consumers, phase) = self.ack_all(consumers, n as u64, base);
+                control = Some(phase);
+            }
+            let parents = Self::send_parents(&mut c, n);
+            let t = Instant::now();
+            let child: i64 = c
+                .query_one(
+                    &format!("SELECT pgqueue.pgq_send('{CHILD}', $1::jsonb, after => $2::bigint[])"),
+                    &[&payload(0), &parents],
+                )
+                .unwrap()
+                .get(0);
+            let child_send_ms = t.elapsed().as_secs_f64() * 1000.0;
+            let released = |c: &mut Client| -> i64 {
+                c.query_one("SELECT released FROM pgqueue.worker_state", &[]).unwrap().get(0)
+            };
+            let released_before = released(&mut c);
+            // A claim waiting on the child's queue from before the first ack.
+            let mut w = self.connect();
+            let waiter_pid: i32 = w.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+            let waiter = std::thread::spawn(move || {
+                let claim =
+                    w.prepare(&format!("SELECT msg_id FROM pgqueue.pgq_claim('{CHILD}', wait => '30 s')")).unwrap();
+                let t = Instant::now();
+                loop {
+                    if let Some(row) = w.query(&claim, &[]).unwrap().first() {
+                        break (row.get::<_, i64>(0), base.elapsed().as_micros() as u64);
+                    }
+                    assert!(t.elapsed() < Duration::from_secs(300), "dependencies: the child is released");
+                }
+            });
+            let t = Instant::now();
+            while !c
+                .query_one(
+                    "SELECT coalesce(bool_or(state = 'active'), false) FROM pg_stat_activity WHERE pid = $1",
+                    &[&waiter_pid],
+                )
+                .unwrap()
+                .get::<_, bool>(0)
+            {
+                assert!(t.elapsed() < Duration::from_secs(10), "dependencies: the child's claim waits");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            let phase;
+            (consumers, phase) = self.ack_all(consumers, n as u64, base);
+            let (claimed, at) = waiter.join().unwrap();
+            assert_eq!(claimed, child, "dependencies: the waiting claim returns the child");
+            // The worker counts what it released when it records its tick, soon after.
+            let t = Instant::now();
+            let mut by_worker = false;
+            while t.elapsed() < Duration::from_millis(1500) && !by_worker {
+                by_worker = released(&mut c) > released_before;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if control.is_none() {
+                Self::send_parents(&mut c, n);
+                let phase;
+                (consumers, phase) = self.ack_all(consumers, n as u64, base);
+                control = Some(phase);
+            }
+            let control = control.expect("the control ran");
+            let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+            fan_in.push(FanInRun {
+                run: run + 1,
+                parents: n,
+                consumers: consumers.len(),
+                child_send_ms,
+                acks: phase.acks.len(),
+                seconds: phase.seconds,
+                ack_p50_ms: ms(&phase.acks, 0.5),
+                ack_p99_ms: ms(&phase.acks, 0.99),
+                ack_max_ms: phase.acks.max() as f64 / 1000.0,
+                ack_p50_first_tenth_ms: ms(&phase.tenths[0], 0.5),
+                ack_p50_last_tenth_ms: ms(&phase.tenths[1], 0.5),
+                control_acks: control.acks.len(),
+                control_seconds: control.seconds,
+                control_ack_p50_ms: ms(&control.acks, 0.5),
+                control_ack_p99_ms: ms(&control.acks, 0.99),
+                control_ack_max_ms: control.acks.max() as f64 / 1000.0,
+                control_ack_p50_first_tenth_ms: ms(&control.tenths[0], 0.5),
+                control_ack_p50_last_tenth_ms: ms(&control.tenths[1], 0.5),
+                // The claim can return before the consumer hears of its commit: that is 0.
+                release_ms: at.saturating_sub(phase.last_us) as f64 / 1000.0,
+                released_by: if by_worker { "the worker" } else { "the last ack" }.into(),
+                lock_samples: phase.samples,
+                lock_waiting_samples: phase.waiting_samples,
+                lock_wait_ms: phase.longest_wait_ms,
+                lock_wait_on: phase.longest_wait_on,
+                control_lock_samples: control.samples,
+                control_lock_waiting_samples: control.waiting_samples,
+                control_lock_wait_ms: control.longest_wait_ms,
+            });
+        }
+        let mut releases: Vec<f64> = fan_in.iter().map(|r| r.release_ms).collect();
+        releases.sort_by(f64::total_cmp);
+        let release_p50_ms = releases.get(releases.len() / 2).copied().unwrap_or(0.0);
+        Dependencies { sends, fan_in, release_p50_ms }
+    }
+
+    /// Empty queues (QUEUE, PARENTS, CHILD), checked by a tick, and freshly vacuumed tables.
+    fn dependencies_reset(&self, c: &mut Client) {
+        self.reset(c);
+        c.batch_execute(&format!(
+            "SELECT pgqueue.pgq_create_queue('{PARENTS}', lease => '1 hour', retention => '1 day');
+             SELECT pgqueue.pgq_create_queue('{CHILD}', lease => '1 hour', retention => '1 day');"
+        ))
+        .unwrap();
+        Self::checked(c, PARENTS);
+        Self::checked(c, CHILD);
+        Self::vacuum(c);
+        c.batch_execute("VACUUM (ANALYZE) pgqueue.dependencies").unwrap();
+    }
+
+    /// Sends `n` ready messages to PARENTS (batches of 10,000, a batch's most); their ids.
+    fn send_parents(c: &mut Client, n: i64) -> Vec<i64> {
+        let send = c
+            .prepare(&format!("SELECT pgqueue.pgq_send_batch('{PARENTS}', array_fill($1::jsonb, ARRAY[$2::int]))"))
+            .unwrap();
+        let mut ids = Vec::with_capacity(n as usize);
+        let mut left = n;
+        while left > 0 {
+            let chunk = left.min(10_000);
+            ids.extend(c.query(&send, &[&payload(0), &(chunk as i32)]).unwrap().iter().map(|r| r.get::<_, i64>(0)));
+            left -= chunk;
+        }
+        ids
+    }
+
+    /// The consumers claim and ack PARENTS' `n` ready messages one at a time (pgq_claim, then
+    /// pgq_ack, each its own commit), while pg_locks is sampled for any of them waiting.
+    /// Returns the connections and what the acks took.
+    fn ack_all(&self, consumers: Vec<Client>, n: u64, base: Instant) -> (Vec<Client>, AckPhase) {
+        let mut consumers = consumers;
+        let pids: Vec<i32> =
+            consumers.iter_mut().map(|c| c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0)).collect();
+        let acked = Arc::new(AtomicU64::new(0));
+        let start = Arc::new(Barrier::new(consumers.len() + 1));
+        let threads: Vec<_> = consumers
+            .into_iter()
+            .map(|mut c| {
+                let (acked, start) = (acked.clone(), start.clone());
+                std::thread::spawn(move || {
+                    let claim =
+                        c.prepare(&format!("SELECT msg_id, claim_token FROM pgqueue.pgq_claim('{PARENTS}')")).unwrap();
+                    let ack = c.prepare("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)").unwrap();
+                    let (mut acks, mut last) = (Histogram::<u64>::new(3).unwrap(), 0u64);
+                    let mut tenths = [Histogram::<u64>::new(3).unwrap(), Histogram::<u64>::new(3).unwrap()];
+                    start.wait();
+                    let began = Instant::now();
+                    while acked.load(Ordering::Relaxed) < n {
+                        let rows = c.query(&claim, &[]).unwrap();
+                        let Some(row) = rows.first() else {
+                            // The rest are claimed by others: until they are acked.
+                            assert!(began.elapsed() < Duration::from_secs(300), "dependencies: every parent acked");
+                            std::thread::sleep(Duration::from_millis(1));
+                            continue;
+                        };
+                        let (id, token): (i64, Uuid) = (row.get(0), row.get(1));
+                        let t = Instant::now();
+                        let done: bool = c.query_one(&ack, &[&id, &token]).unwrap().get(0);
+                        let took = t.elapsed().as_micros() as u64;
+                        last = last.max(base.elapsed().as_micros() as u64);
+                        assert!(done, "dependencies: message {id} acked");
+                        acks.record(took).unwrap();
+                        let ordinal = acked.fetch_add(1, Ordering::Relaxed);
+                        if ordinal < n / 10 {
+                            tenths[0].record(took).unwrap();
+                        } else if ordinal >= n - n / 10 {
+                            tenths[1].record(took).unwrap();
+                        }
+                    }
+                    (c, acks, tenths, last)
+                })
+            })
+            .collect();
+        // Backends of the consumers waiting on a lock, sampled from a connection of its own.
+        let stop = Arc::new(AtomicBool::new(false));
+        let sampler = {
+            let (stop, every, mut s) = (stop.clone(), self.sizes.lock_sample_every, self.connect());
+            let sample = s
+                .prepare(
+                    "SELECT (extract(epoch FROM clock_timestamp() - l.waitstart) * 1000)::float8,
+                            l.locktype || ' ' || l.mode || coalesce(' on ' || l.relation::regclass::text, '')
+                       FROM pg_locks l WHERE NOT l.granted AND l.waitstart IS NOT NULL AND l.pid = ANY ($1)",
+                )
+                .unwrap();
+            std::thread::spawn(move || {
+                let (mut samples, mut waiting, mut longest) = (0u64, 0u64, (0.0f64, String::new()));
+                // At least one sample, however short the phase.
+                loop {
+                    let rows = s.query(&sample, &[&pids]).unwrap();
+                    samples += 1;
+                    waiting += u64::from(!rows.is_empty());
+                    for r in rows {
+                        let ms: f64 = r.get(0);
+                        if ms > longest.0 {
+                            longest = (ms, r.get(1));
+                        }
+                    }
+                    if stop.load(Ordering::Relaxed) {
+                        break (samples, waiting, longest);
+                    }
+                    std::thread::sleep(every);
+                }
+            })
+        };
+        start.wait();
+        let began = Instant::now();
+        let mut phase = AckPhase {
+            acks: Histogram::<u64>::new(3).unwrap(),
+            tenths: [Histogram::<u64>::new(3).unwrap(), Histogram::<u64>::new(3).unwrap()],
+            last_us: 0,
+            seconds: 0.0,
+            samples: 0,
+            waiting_samples: 0,
+            longest_wait_ms: 0.0,
+            longest_wait_on: String::new(),
+        };
+        let mut back = vec![];
+        for t in threads {
+            let (c, acks, tenths, last) = t.join().unwrap();
+            phase.acks.add(&acks).unwrap();
+            for (all, mine) in phase.tenths.iter_mut().zip(&tenths) {
+                all.add(mine).unwrap();
+            }
+            phase.last_us = phase.last_us.max(last);
+            back.push(c);
+        }
+        phase.seconds = began.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        let (samples, waiting, (ms, on)) = sampler.join().unwrap();
+        (phase.samples, phase.waiting_samples, phase.longest_wait_ms, phase.longest_wait_on) =
+            (samples, waiting, ms, on);
+        (back, phase)
+    }
+
+    /// Single pgq_send calls, each its own commit: plain, and with each number of parents
+    /// (ready messages of their own, none named twice), interleaved call by call on every
+    /// connection, at each connection count.
+    fn dependency_sends(&self) -> Vec<DependencySend> {
+        let s = &self.sizes;
+        let mut c = self.connect();
+        let kinds: Vec<usize> = std::iter::once(0).chain(s.dep_send_parents.iter().copied()).collect();
+        // Unmeasured rounds first, on every connection.
+        let warm = 10;
+        let mut out = vec![];
+        for &n in &s.dep_send_connections {
+            self.say(&format!(
+                "dependencies: sends on {n} connections, {} calls of each kind (parents: {kinds:?})",
+                s.dep_send_calls
+            ));
+            self.dependencies_reset(&mut c);
+            let per = (warm + s.dep_send_calls) * kinds.iter().sum::<usize>();
+            let ids = Self::send_parents(&mut c, (per * n) as i64);
+            let start = Arc::new(Barrier::new(n + 1));
+            let threads: Vec<_> = ids
+                .chunks(per)
+                .map(|mine| {
+                    let mine = mine.to_vec();
+                    let mut c = self.connect();
+                    let (start, kinds, calls) = (start.clone(), kinds.clone(), s.dep_send_calls);
+                    std::thread::spawn(move || {
+                        let plain = c.prepare(&format!("SELECT pgqueue.pgq_send('{QUEUE}', $1::jsonb)")).unwrap();
+                        let after = c
+                            .prepare(&format!("SELECT pgqueue.pgq_send('{QUEUE}', $1::jsonb, after => $2::bigint[])"))
+                            .unwrap();
+                        let mut hists: Vec<Histogram<u64>> =
+                            kinds.iter().map(|_| Histogram::<u64>::new(3).unwrap()).collect();
+                        let message = payload(0);
+                        let mut parents = mine.into_iter();
+                        start.wait();
+                        for round in 0..warm + calls {
+                            for k in 0..kinds.len() {
+                                let i = (round + k) % kinds.len();
+                                let named: Vec<i64> = parents.by_ref().take(kinds[i]).collect();
+                                let t = Instant::now();
+                                if named.is_empty() {
+                                    c.query_one(&plain, &[&message]).unwrap();
+                                } else {
+                                    c.query_one(&after, &[&message, &named]).unwrap();
+                                }
+                                if round >= warm {
+                                    hists[i].record(t.elapsed().as_micros() as u64).unwrap();
+                                }
+                            }
+                        }
+                        hists
+                    })
+                })
+                .collect();
+            start.wait();
+            let mut hists: Vec<Histogram<u64>> = kinds.iter().map(|_| Histogram::<u64>::new(3).unwrap()).collect();
+            for t in threads {
+                for (all, mine) in hists.iter_mut().zip(t.join().unwrap()) {
+                    all.add(&mine).unwrap();
+                }
+            }
+            let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+            let plain_p50 = ms(&hists[0], 0.5);
+            for (&parents, h) in kinds.iter().zip(&hists) {
+                out.push(DependencySend {
+                    connections: n,
+                    parents,
+                    calls: h.len(),
+                    p50_ms: ms(h, 0.5),
+                    p99_ms: ms(h, 0.99),
+                    of_plain: if plain_p50 > 0.0 { ms(h, 0.5) / plain_p50 } else { 0.0 },
+                });
+            }
+        }
+        out
+    }
+}
+
+/// What one phase of acks took (dependencies).
+struct AckPhase {
+    /// Each pgq_ack call's latency, µs.
+    acks: Histogram<u64>,
+    /// The first tenth of the acks and the last.
+    tenths: [Histogram<u64>; 2],
+    /// When the last ack returned, µs since the scenario's base.
+    last_us: u64,
+    seconds: f64,
+    samples: u64,
+    waiting_samples: u64,
+    longest_wait_ms: f64,
+    longest_wait_on: String,
 }

@@ -2,7 +2,7 @@
 //! created (`--dsn`), or against a throwaway one it starts itself (`--pg-config`).
 
 use clap::Parser;
-use pgqueue_bench::{Bench, Mode, Report, Sizes, ThroughputPoint, chart};
+use pgqueue_bench::{Bench, Dependencies, Mode, Report, Sizes, ThroughputPoint, chart};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -16,7 +16,7 @@ struct Args {
     #[arg(long)]
     pg_config: Option<PathBuf>,
     /// Scenarios: all, flatness, throughput, rescue, prune, renewals, enqueue, pinned, pickup,
-    /// schedules, unique, harness, bytes, cron, console, results (comma-separated).
+    /// schedules, unique, harness, bytes, cron, console, results, dependencies (comma-separated).
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Tiny sizes (seconds, not minutes).
@@ -432,6 +432,9 @@ fn print(r: &Report) {
             );
         }
     }
+    if let Some(d) = &r.dependencies {
+        print_dependencies(d);
+    }
     if let Some(h) = r.harness.first() {
         let baseline_poll = r.harness.iter().find(|h| h.system == "baseline").map_or(0.0, |h| h.empty_wait_ms);
         println!(
@@ -505,6 +508,66 @@ fn print(r: &Report) {
                 history
             );
         }
+    }
+}
+
+fn print_dependencies(d: &Dependencies) {
+    println!(
+        "\ndependencies: single pgq_send calls, each its own commit, the kinds interleaved call by call on every connection; parents: ready messages, none named twice\n| connections | parents in after | calls | p50 ms | p99 ms | p50 ÷ plain send |\n|---|---|---|---|---|---|"
+    );
+    for p in &d.sends {
+        let parents = if p.parents == 0 { "none (plain send)".to_string() } else { p.parents.to_string() };
+        println!(
+            "| {} | {} | {} | {:.3} | {:.3} | {:.2}× |",
+            p.connections, parents, p.calls, p.p50_ms, p.p99_ms, p.of_plain
+        );
+    }
+    if let Some(first) = d.fan_in.first() {
+        println!(
+            "\nfan-in: one child sent with after => {} parents, a claim waiting on its queue; {} consumers claim and ack the parents one at a time (claim, then ack, each its own commit). Control: the same consumers acking as many messages without dependents, in the same run. Release: the last parent's ack returned -> the waiting claim returned the child",
+            first.parents, first.consumers
+        );
+        println!(
+            "| run | child's send ms | release ms | released by | acks/s | ack p50 ms | ack p99 ms | longest ack ms | control acks/s | control ack p50 ms | control ack p99 ms | control longest ack ms | longest ack ÷ control p99 | consumers seen waiting on a lock (samples) | longest lock wait ms | control: seen waiting (samples) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for f in &d.fan_in {
+            println!(
+                "| {} | {:.1} | {:.2} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2}× | {} of {} | {:.2}{} | {} of {} |",
+                f.run,
+                f.child_send_ms,
+                f.release_ms,
+                f.released_by,
+                f.acks as f64 / f.seconds.max(1e-3),
+                f.ack_p50_ms,
+                f.ack_p99_ms,
+                f.ack_max_ms,
+                f.control_acks as f64 / f.control_seconds.max(1e-3),
+                f.control_ack_p50_ms,
+                f.control_ack_p99_ms,
+                f.control_ack_max_ms,
+                f.ack_max_ms / f.control_ack_p99_ms.max(1e-3),
+                f.lock_waiting_samples,
+                f.lock_samples,
+                f.lock_wait_ms,
+                if f.lock_wait_on.is_empty() { String::new() } else { format!(" ({})", f.lock_wait_on) },
+                f.control_lock_waiting_samples,
+                f.control_lock_samples
+            );
+        }
+        println!(
+            "\nack p50 ms over the fan-in: the first tenth of the acks against the last (and the control's)\n| run | first tenth | last tenth | control first tenth | control last tenth |\n|---|---|---|---|---|"
+        );
+        for f in &d.fan_in {
+            println!(
+                "| {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                f.run,
+                f.ack_p50_first_tenth_ms,
+                f.ack_p50_last_tenth_ms,
+                f.control_ack_p50_first_tenth_ms,
+                f.control_ack_p50_last_tenth_ms
+            );
+        }
+        println!("release p50 over {} runs: {:.2} ms", d.fan_in.len(), d.release_p50_ms);
     }
 }
 

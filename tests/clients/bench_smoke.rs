@@ -56,6 +56,26 @@ fn every_scenario_runs_at_tiny_sizes() {
     let every = (sizes.result_callers * sizes.result_rounds) as u64;
     assert!(report.results[..2].iter().all(|r| r.samples == every && r.failures == 0), "{:?}", report.results);
     assert!(report.results.iter().all(|r| r.ack_p50_ms > 0.0));
+    // Dependencies: per connection count, a plain send and one per number of parents; each
+    // fan-in's child released and claimed, every parent acked, beside its control.
+    let deps = report.dependencies.expect("dependencies ran");
+    assert_eq!(deps.sends.len(), sizes.dep_send_connections.len() * (1 + sizes.dep_send_parents.len()));
+    assert!(
+        deps.sends.iter().all(|p| p.calls == (p.connections * sizes.dep_send_calls) as u64 && p.p50_ms > 0.0),
+        "{:?}",
+        deps.sends
+    );
+    assert_eq!(deps.fan_in.len(), sizes.fan_in_runs);
+    assert!(
+        deps.fan_in.iter().all(|f| f.acks == sizes.fan_in_parents as u64
+            && f.control_acks == f.acks
+            && f.ack_max_ms >= f.ack_p50_ms
+            && f.child_send_ms > 0.0
+            && f.lock_samples > 0
+            && f.control_lock_samples > 0),
+        "{:?}",
+        deps.fan_in
+    );
     assert_eq!(report.unique.len(), 3);
     assert!(report.unique.iter().all(|u| u.messages_per_s > 0.0));
     // Per consumer count, both systems; what the consumers acked, and when they claimed it.
