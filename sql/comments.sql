@@ -38,6 +38,10 @@ COMMENT ON FUNCTION pgqueue.pgq_cancel(bigint[], text, text) IS
     'cancel messages: waiting ones at once, claimed ones when their holder stops; returns the ids cancelled or marked';
 COMMENT ON FUNCTION pgqueue.pgq_cancel(bigint, text, text) IS
     'cancel a message: at once if waiting, when its holder stops if claimed; false if nothing changed';
+COMMENT ON FUNCTION pgqueue.pgq_park(bigint, uuid, text, interval, jsonb, text, text) IS
+    'park a claimed message until pgq_signal(key) or its timeout, ending the claim; false if the claim was lost';
+COMMENT ON FUNCTION pgqueue.pgq_signal(text, jsonb, interval) IS
+    'resume every message parked on key with this payload, and keep the signal for parks to come; returns how many it resumed';
 COMMENT ON FUNCTION pgqueue.pgq_cancel_key(text, text, text) IS
     'cancel the message that holds a queue''s unique key, as pgq_cancel; false if none holds it';
 COMMENT ON FUNCTION pgqueue.pgq_renew(bigint, uuid, interval, text, jsonb) IS
@@ -83,7 +87,7 @@ COMMENT ON FUNCTION pgqueue.pgq_audit(text, text, jsonb, text) IS
 COMMENT ON VIEW pgqueue.jobs IS
     'every message, waiting, claimed or finished, with its state or outcome (no claim tokens)';
 COMMENT ON VIEW pgqueue.queue_stats IS
-    'per queue, counted exactly: ready, delayed, claimed, expired, dead and pending messages, oldest ages';
+    'per queue, counted exactly: ready, delayed, claimed, expired, dead, pending and parked messages, oldest ages';
 COMMENT ON VIEW pgqueue.queue_depth IS
     'per queue, from shared memory without counting: depths and dead letters, waiting claims, wake-ups';
 COMMENT ON VIEW pgqueue.queue_overview IS
@@ -99,7 +103,7 @@ COMMENT ON VIEW pgqueue.shared_state IS
 COMMENT ON TABLE pgqueue.queues IS
     'queue settings, one row per queue: lease, max_attempts, retention, paused';
 COMMENT ON TABLE pgqueue.messages IS
-    'messages waiting (ready, delayed, or pending on their parents) or claimed; finished ones move to pgqueue.history';
+    'messages waiting (ready, delayed, pending on their parents, or parked until a signal) or claimed; finished ones move to pgqueue.history';
 COMMENT ON TABLE pgqueue.history IS
     'completed and dead-lettered messages, partitioned by queue and day, kept for the queue''s retention';
 COMMENT ON TABLE pgqueue.schedules IS
@@ -108,6 +112,8 @@ COMMENT ON TABLE pgqueue.dedup_keys IS
     'unique-job keys taken, per queue, and until when a finished message keeps its key';
 COMMENT ON TABLE pgqueue.dependencies IS
     'one row per parent a message waits or waited for, with how the parent ended; removed when the child finishes';
+COMMENT ON TABLE pgqueue.park_keys IS
+    'one row per key messages park on or that was signalled, with the signal kept for parks to come';
 COMMENT ON TABLE pgqueue.worker_state IS
     'one row: the counters behind pgqueue.worker_stats, written at every tick';
 COMMENT ON TABLE pgqueue.queue_minutes IS

@@ -350,6 +350,8 @@ BEGIN ATOMIC
         rollup_failures = rollup_failures + coalesce((counts->>'rollup_failures')::bigint, 0),
         dependency_failures = dependency_failures + coalesce((counts->>'dependency_failures')::bigint, 0),
         released = released + coalesce((counts->>'released')::bigint, 0),
+        park_failures = park_failures + coalesce((counts->>'park_failures')::bigint, 0),
+        park_timeouts = park_timeouts + coalesce((counts->>'park_timeouts')::bigint, 0),
         last_error = coalesce(counts->>'error', last_error),
         last_error_at = CASE WHEN counts ? 'error' THEN now() ELSE last_error_at END;
 END;

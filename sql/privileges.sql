@@ -12,7 +12,8 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_cancel(bigint, text, text),
     pgqueue.pgq_cancel_key(text, text, text),
     pgqueue.pgq_result(bigint, interval, text),
-    pgqueue.pgq_graph(bigint)
+    pgqueue.pgq_graph(bigint),
+    pgqueue.pgq_signal(text, jsonb, interval)
 TO pgqueue_producer;
 
 GRANT EXECUTE ON FUNCTION
@@ -25,7 +26,9 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_nack(bigint, uuid, interval, text, text),
     pgqueue.pgq_fail(bigint, uuid, text, text),
     pgqueue.pgq_result(bigint, interval, text),
-    pgqueue.pgq_graph(bigint)
+    pgqueue.pgq_graph(bigint),
+    pgqueue.pgq_park(bigint, uuid, text, interval, jsonb, text, text),
+    pgqueue.pgq_signal(text, jsonb, interval)
 TO pgqueue_consumer;
 
 GRANT pgqueue_producer, pgqueue_consumer TO pgqueue_admin;
@@ -51,7 +54,7 @@ GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats, pgqueue.queue_depth, 
     pgqueue.schedule_stats, pgqueue.queue_minutes, pgqueue.audit_log, pgqueue.queues
     TO pgqueue_admin, pg_monitor;
 -- Payloads are the applications' data: readable by admins, and by whom they grant it to.
-GRANT SELECT ON pgqueue.jobs, pgqueue.dedup_keys, pgqueue.dependencies TO pgqueue_admin;
+GRANT SELECT ON pgqueue.jobs, pgqueue.dedup_keys, pgqueue.dependencies, pgqueue.park_keys TO pgqueue_admin;
 GRANT EXECUTE ON FUNCTION pgqueue._queue_depth(), pgqueue._dead_letters(), pgqueue._shared_state(),
     pgqueue._local_time(timestamptz, text), pgqueue._oldest_ready(text)
     TO pgqueue_admin, pg_monitor;

@@ -31,7 +31,7 @@ CREATE TABLE pgqueue.messages (
     msg_id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue            text NOT NULL,  -- no foreign key: see pgqueue._lock_queue
     state            text NOT NULL CONSTRAINT messages_state_check
-                         CHECK (state IN ('ready', 'delayed', 'claimed', 'pending')),
+                         CHECK (state IN ('ready', 'delayed', 'claimed', 'pending', 'parked')),
     priority         smallint NOT NULL DEFAULT 0 CONSTRAINT messages_priority_check
                          CHECK (priority BETWEEN -1000 AND 1000),
     attempt          integer NOT NULL DEFAULT 0,
@@ -51,12 +51,16 @@ CREATE TABLE pgqueue.messages (
     progress         jsonb,        -- what its holders reported with their renewals (the latest)
     after            bigint[],     -- dependencies: the parents it was sent to wait for (pgq_send's after)
     has_dependents   boolean,      -- true: a child was sent with this message in its after
+    park_key         text,         -- parked (pgq_park): the key a pgq_signal resumes it by ...
+    park_until       timestamptz,  -- ... and when it resumes without one
     CONSTRAINT messages_session_only_when_claimed CHECK (session_pid IS NULL OR state = 'claimed'),
     CONSTRAINT messages_cancel_only_when_claimed CHECK (cancel_requested_at IS NULL OR state = 'claimed'),
     -- A pending message may have a due time: it is delayed until then once its parents completed.
     CONSTRAINT messages_delayed_has_due_time
         CHECK (state = 'pending' OR (state = 'delayed') = (visible_at IS NOT NULL)),
     CONSTRAINT messages_pending_has_parents CHECK (state <> 'pending' OR after IS NOT NULL),
+    CONSTRAINT messages_parked_has_key
+        CHECK ((state = 'parked') = (park_key IS NOT NULL AND park_until IS NOT NULL)),
     CONSTRAINT messages_claimed_has_lease
         CHECK ((state = 'claimed') = (claim_token IS NOT NULL AND lease_expires_at IS NOT NULL))
 ) WITH (fillfactor = 80);
@@ -70,6 +74,12 @@ CREATE INDEX messages_delayed_idx ON pgqueue.messages (queue, visible_at)
 -- Pending rows, for the tick that checks that none waits for parents that all completed.
 CREATE INDEX messages_pending_idx ON pgqueue.messages (msg_id)
     WHERE state = 'pending';
+-- Parked rows: by key for the signal that resumes them, by time for the tick that ends their
+-- wait.
+CREATE INDEX messages_parked_key_idx ON pgqueue.messages (park_key)
+    WHERE state = 'parked';
+CREATE INDEX messages_parked_until_idx ON pgqueue.messages (park_until)
+    WHERE state = 'parked';
 -- In-flight rows, for re-arming expired claims (the lease itself is not indexed).
 CREATE INDEX messages_claimed_idx ON pgqueue.messages (msg_id)
     WHERE state = 'claimed';
@@ -116,6 +126,19 @@ CREATE INDEX dependencies_child_idx ON pgqueue.dependencies (child);
 -- costs the same whichever of 10,000 parents finished last.
 CREATE INDEX dependencies_waiting_idx ON pgqueue.dependencies (child)
     WHERE parent_outcome IS NULL OR (parent_outcome <> 'completed' AND on_parent_failure <> 'run');
+
+-- Park keys (sql/park.sql): one row per key that messages park on or that was signalled. A
+-- park and a signal of the same key both write its row, so they happen one after the other:
+-- the later one sees the earlier (a signal wakes what parked before it; a park finds a signal
+-- sent before it). A signal is kept until keep_until, for the parks that come after it.
+-- Rows with no kept signal and no message parked on them are collected by the tick.
+CREATE TABLE pgqueue.park_keys (
+    key          text PRIMARY KEY,
+    signal       jsonb,        -- the kept signal's payload
+    signalled_at timestamptz,  -- NULL: no signal kept
+    keep_until   timestamptz,
+    CONSTRAINT park_keys_signal_kept CHECK ((signalled_at IS NULL) = (keep_until IS NULL))
+);
 
 -- Periodic schedules (sql/schedule.sql). The worker fires each due one: it enqueues the run
 -- and advances next_run in one transaction. next_run NULL: the pattern has no further time.
@@ -205,6 +228,7 @@ SELECT pg_catalog.pg_extension_config_dump('pgqueue.queue_minutes', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.audit_log', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.audit_log_action_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.dependencies', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.park_keys', '');
 
 -- Prune backoff: queues whose pruning was blocked or skipped repeatedly wait a while.
 CREATE TABLE pgqueue.prune_state (
@@ -257,6 +281,8 @@ CREATE TABLE pgqueue.worker_state (
     rollup_failures      bigint NOT NULL DEFAULT 0,
     last_rollup_at       timestamptz,               -- the rollup step's last record
     dependency_failures  bigint NOT NULL DEFAULT 0,
-    released             bigint NOT NULL DEFAULT 0  -- pending messages the tick found done waiting
+    released             bigint NOT NULL DEFAULT 0, -- pending messages the tick found done waiting
+    park_failures        bigint NOT NULL DEFAULT 0,
+    park_timeouts        bigint NOT NULL DEFAULT 0  -- parked messages whose wait ended with no signal
 );
 INSERT INTO pgqueue.worker_state DEFAULT VALUES;

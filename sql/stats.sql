@@ -9,7 +9,8 @@ SELECT q.queue,
        (SELECT count(*) FROM pgqueue.history h WHERE h.queue = q.queue AND h.outcome = 'dead') AS dead,
        now() - c.oldest_ready AS oldest_ready_age,
        now() - c.oldest_expired_lease AS oldest_expired_claim_age,
-       c.pending
+       c.pending,
+       c.parked
   FROM pgqueue.queues q
  CROSS JOIN LATERAL (
        SELECT count(*) FILTER (WHERE m.state = 'ready') AS ready,
@@ -19,7 +20,8 @@ SELECT q.queue,
               min(m.enqueued_at) FILTER (WHERE m.state = 'ready') AS oldest_ready,
               min(m.lease_expires_at) FILTER (WHERE m.state = 'claimed' AND m.lease_expires_at <= now())
                   AS oldest_expired_lease,
-              count(*) FILTER (WHERE m.state = 'pending') AS pending
+              count(*) FILTER (WHERE m.state = 'pending') AS pending,
+              count(*) FILTER (WHERE m.state = 'parked') AS parked
          FROM pgqueue.messages m
         WHERE m.queue = q.queue) c;
 
@@ -29,11 +31,11 @@ SELECT q.queue,
 CREATE VIEW pgqueue.jobs AS
 SELECT m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at, m.visible_at,
        m.claimed_at, m.consumer, m.lease_expires_at, NULL::timestamptz AS finished_at, m.last_error, m.dedup_key,
-       m.progress, NULL::jsonb AS result, m.after
+       m.progress, NULL::jsonb AS result, m.after, m.park_key, m.park_until
   FROM pgqueue.messages m
  UNION ALL
 SELECT h.msg_id, h.queue, h.outcome, h.priority, h.attempt, h.payload, h.headers, h.enqueued_at, NULL, NULL,
-       NULL, NULL, h.finished_at, h.last_error, NULL, h.progress, h.result, h.after
+       NULL, NULL, h.finished_at, h.last_error, NULL, h.progress, h.result, h.after, NULL, NULL
   FROM pgqueue.history h;
 
 -- The worker's counters in this database (monotonic; see the README for what to alert on).
@@ -48,7 +50,7 @@ SELECT current_database() AS database,
        w.prune_skipped_active, w.prune_backed_off, w.prune_error, w.pruned_rows,
        w.last_error, w.last_error_at, w.reconcile_failures, w.hint_corrections,
        w.schedule_failures, w.keys_failures, w.scheduled_runs, w.missed_runs, w.schedule_errors, w.keys_expired,
-       w.rollup_failures, w.last_rollup_at, w.dependency_failures, w.released
+       w.rollup_failures, w.last_rollup_at, w.dependency_failures, w.released, w.park_failures, w.park_timeouts
   FROM pgqueue.worker_state w;
 
 -- Every schedule: when it runs next, its last run (the slot) and how late that was enqueued,

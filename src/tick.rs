@@ -76,6 +76,9 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     if level >= SQL_DEPENDENCIES && plan.all_steps {
         check_pending(bracket, &mut out, Some(PENDING_WINDOW), prune_now);
     }
+    if level >= SQL_PARKS && plan.all_steps {
+        end_parks(bracket, &mut out, prune_now);
+    }
     // At the prune cadence a pass runs from the start even if no lease seems to have ended:
     // claims and leases written around the API (a restore, an UPDATE) are re-armed then.
     rescue(bracket, &mut out, pass, current_sql, prune_now);
@@ -371,13 +374,14 @@ fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
 /// Which release's SQL this database runs: until ALTER EXTENSION UPDATE, this library may
 /// run an earlier release's, whose commits announce nothing to the shared state (before
 /// 0.3.0), which has no schedules (before 0.4.0), no rollups (before 0.12.0) and no count of
-/// a queue's dead letters (before 0.13.0) and no dependencies (before 0.17.0). Known by
-/// the functions it has.
+/// a queue's dead letters (before 0.13.0), no dependencies (before 0.17.0) and no parking
+/// (before 0.18.0). Known by the functions it has.
 const SQL_SHARED_STATE: u8 = 3;
 const SQL_SCHEDULES: u8 = 4;
 const SQL_ROLLUPS: u8 = 5;
 const SQL_DEAD_COUNTS: u8 = 6;
 const SQL_DEPENDENCIES: u8 = 7;
+const SQL_PARKS: u8 = 8;
 
 /// Pending messages a full tick looks at (one window; the next tick goes on from there).
 const PENDING_WINDOW: i32 = 1000;
@@ -386,10 +390,11 @@ fn sql_level(bracket: Bracket, out: &mut Outcome) -> u8 {
     thread_local! {
         static LEVEL: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
     }
-    if LEVEL.get() < SQL_DEPENDENCIES {
+    if LEVEL.get() < SQL_PARKS {
         let level = step(bracket, out, "rearm", || {
             Spi::get_one::<i32>(
-                "SELECT CASE WHEN to_regprocedure('pgqueue._finish_dependencies(bigint[], text[], bigint[])') IS NOT NULL
+                "SELECT CASE WHEN to_regprocedure('pgqueue._expire_parks(integer)') IS NOT NULL THEN 8
+                             WHEN to_regprocedure('pgqueue._finish_dependencies(bigint[], text[], bigint[])') IS NOT NULL
                              THEN 7
                              WHEN to_regprocedure('pgqueue._dead_count(text)') IS NOT NULL THEN 6
                              WHEN to_regprocedure('pgqueue._roll_up(jsonb, interval)') IS NOT NULL THEN 5
@@ -411,6 +416,23 @@ fn sql_level(bracket: Bracket, out: &mut Outcome) -> u8 {
 fn check_pending(bracket: Bracket, out: &mut Outcome, window: Option<i32>, collect: bool) {
     if let Some(n) = step(bracket, out, "dependency", || crate::dependencies::check_pending(window, collect)) {
         out.add("released", n);
+    }
+}
+
+/// Parked messages whose timeout passed, in batches while a batch comes back full (within the
+/// pass budget: the other steps must not starve); with `collect`, park keys no longer in use
+/// (at the prune cadence).
+fn end_parks(bracket: Bracket, out: &mut Outcome, collect: bool) {
+    const BATCH: i64 = 1_000;
+    let start = Instant::now();
+    while let Some(n) = step(bracket, out, "park", || one("SELECT pgqueue._expire_parks(1000)")) {
+        out.add("park_timeouts", n);
+        if n < BATCH || start.elapsed() >= guc::rescue_pass_budget() {
+            break;
+        }
+    }
+    if collect {
+        step(bracket, out, "park", || one("SELECT pgqueue._collect_park_keys(10000)"));
     }
 }
 

@@ -50,7 +50,8 @@ fn fill(c: &mut Client) -> (i64, uuid::Uuid) {
 fn rows(c: &mut Client) -> Vec<String> {
     [
         "SELECT json_agg(t ORDER BY queue)::text FROM pgqueue.queues t",
-        "SELECT json_agg(to_jsonb(t) - ARRAY['dedup_key', 'cancel_requested_at', 'progress', 'after', 'has_dependents'] ORDER BY msg_id)::text
+        "SELECT json_agg(to_jsonb(t) - ARRAY['dedup_key', 'cancel_requested_at', 'progress', 'after', 'has_dependents', 'park_key',
+                                        'park_until'] ORDER BY msg_id)::text
            FROM pgqueue.messages t",
         "SELECT json_agg(to_jsonb(t) - ARRAY['result', 'progress', 'after'] ORDER BY queue, finished_at, msg_id)::text
            FROM pgqueue.history t",
@@ -58,7 +59,8 @@ fn rows(c: &mut Client) -> Vec<String> {
         // Columns added by later releases are left out (they start at their defaults).
         "SELECT json_agg(to_jsonb(t) - ARRAY['reconcile_failures', 'hint_corrections', 'schedule_failures',
                 'keys_failures', 'scheduled_runs', 'missed_runs', 'schedule_errors', 'keys_expired',
-                'rollup_failures', 'last_rollup_at', 'dependency_failures', 'released'])::text
+                'rollup_failures', 'last_rollup_at', 'dependency_failures', 'released', 'park_failures',
+                'park_timeouts'])::text
            FROM pgqueue.worker_state t",
         "SELECT last_value::text FROM pgqueue.messages_msg_id_seq",
     ]
@@ -197,6 +199,12 @@ fn alter_extension_update_from_0_15_0_equals_a_fresh_install() {
 fn alter_extension_update_from_0_16_0_equals_a_fresh_install() {
     let _turn = common::file_turn(file!());
     update_from("0.16.0");
+}
+
+#[test]
+fn alter_extension_update_from_0_17_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
+    update_from("0.17.0");
 }
 
 /// Updates quiet the workers of the whole cluster for a while: one at a time.
