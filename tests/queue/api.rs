@@ -565,7 +565,7 @@ fn transactions() {
 fn state_list_matches_the_check_constraint() {
     let mut c = connect();
     // The states the code uses, and the states the CHECK allows, must be the same set.
-    let code_states = ["claimed", "delayed", "pending", "ready"];
+    let code_states = ["claimed", "delayed", "parked", "pending", "ready"];
     let def: String = c
         .query_one("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'messages_state_check'", &[])
         .unwrap()

@@ -69,6 +69,10 @@ struct Source {
     /// Queue `flow`: a parent waiting and its child pending after it (0.17.0).
     parent: i64,
     child: i64,
+    /// Queue `hook`: a message parked on key 'pay:1', and one claimable; a signal of key
+    /// 'pay:early' kept, sent before any park (0.18.0).
+    parked: i64,
+    unparked: i64,
     /// A message completed with a result (the long claim has reported progress).
     done: i64,
     /// A dead letter in a history partition two days old.
@@ -154,6 +158,18 @@ fn fill(c: &mut Client) -> Source {
         )
         .unwrap()
         .get(0);
+    // What 0.18.0 adds: a parked message, and a signal kept for a park to come.
+    s.batch_execute("SELECT pgqueue.pgq_create_queue('hook')").unwrap();
+    let parked: i64 = s.query_one("SELECT pgqueue.pgq_send('hook', '{}')", &[]).unwrap().get(0);
+    let (id, token) = claim_one(&mut s, "hook", None).held();
+    assert_eq!(id, parked);
+    let was_parked: bool = s
+        .query_one("SELECT pgqueue.pgq_park($1, $2, 'pay:1', '1 hour', payload => '{\"step\": 1}')", &[&id, &token])
+        .unwrap()
+        .get(0);
+    assert!(was_parked);
+    let unparked: i64 = s.query_one("SELECT pgqueue.pgq_send('hook', '{}')", &[]).unwrap().get(0);
+    s.batch_execute("SELECT pgqueue.pgq_signal('pay:early', '{\"paid\": true}')").unwrap();
     let mut consumer = connect_to(&db);
     let bound = claim_session_bound(&mut consumer, "jobs");
     let keys = fill_schedules_and_keys(&mut s);
@@ -177,6 +193,8 @@ fn fill(c: &mut Client) -> Source {
         cancelled,
         parent,
         child,
+        parked,
+        unparked,
         done: done.0,
         old_dead: -1,
         last_id,
@@ -301,7 +319,14 @@ fn check_restored(src: &Source, db: &str) {
     let long = format!("q{}", "x".repeat(39));
     assert_eq!(
         counts,
-        vec![("flow".into(), 2), ("jobs".into(), 19), ("keyed".into(), 3), ("parked".into(), 1), (long, 1)],
+        vec![
+            ("flow".into(), 2),
+            ("hook".into(), 2),
+            ("jobs".into(), 19),
+            ("keyed".into(), 3),
+            ("parked".into(), 1),
+            (long, 1)
+        ],
         "{db}"
     );
     let history: i64 = r.query_one("SELECT count(*) FROM pgqueue.history WHERE queue = 'jobs'", &[]).unwrap().get(0);
@@ -359,6 +384,33 @@ fn check_restored(src: &Source, db: &str) {
     let acked: bool = r.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&p, &token]).unwrap().get(0);
     assert!(acked);
     assert_eq!(message(&mut r, src.child).map(|m| m.state).as_deref(), Some("ready"), "{db}");
+    // The parked message still waits for its key's signal, and the kept signal resumes the
+    // park that comes after it.
+    assert_eq!(message(&mut r, src.parked).map(|m| m.state).as_deref(), Some("parked"), "{db}");
+    let resumed: i64 = r.query_one("SELECT pgqueue.pgq_signal('pay:1', '{\"ok\": 1}')", &[]).unwrap().get(0);
+    assert_eq!(resumed, 1, "{db}");
+    let (id, token) = claim_one(&mut r, "hook", None).held();
+    assert_eq!(id, src.parked, "{db}: resumed, and first in the queue");
+    let park = |r: &mut Client, id: i64, token: Uuid| -> bool {
+        r.query_one("SELECT pgqueue.pgq_park($1, $2, 'pay:early', '1 hour')", &[&id, &token]).unwrap().get(0)
+    };
+    let (other, other_token) = claim_one(&mut r, "hook", None).held();
+    assert!(park(&mut r, other, other_token), "{db}");
+    let headers: String = r
+        .query_one(
+            "SELECT headers->'pgq_park'->>'signal' FROM pgqueue.messages WHERE msg_id = $1 AND state = 'ready'",
+            &[&other],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(headers, r#"{"paid": true}"#, "{db}: the kept signal came across");
+    let signal: String = r
+        .query_one("SELECT headers->'pgq_park'->>'signal' FROM pgqueue.messages WHERE msg_id = $1", &[&id])
+        .unwrap()
+        .get(0);
+    assert_eq!(signal, r#"{"ok": 1}"#, "{db}");
+    let acked: bool = r.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0);
+    assert!(acked, "{db}");
 
     // New sends continue past every restored id, also as the application's producer role.
     let mut producer = common::connect_as(&src.roles[0], db);
