@@ -182,13 +182,17 @@ fn exporter_serves_the_queries_of_monitoring() {
     fail(&mut c, "a");
     send_many(&mut c, "a", 1, "0");
     send_many(&mut c, "a", 2, "1 hour");
-    // b: ready 1, delayed 0, claimed 1 (expired), dead 2, pending 1 (on a delayed message of a).
+    // b: ready 1, delayed 0, claimed 1 (expired), dead 2, pending 1 (on a delayed message of a),
+    // parked 1.
     send_many(&mut c, "b", 3, "0");
     expired_claims(&mut c, "b", 1);
     fail(&mut c, "b");
     c.batch_execute(
         "SELECT pgqueue.pgq_send('b', '{}', after => ARRAY(SELECT min(msg_id) FROM pgqueue.messages
-                                                          WHERE queue = 'a' AND state = 'delayed'))",
+                                                          WHERE queue = 'a' AND state = 'delayed'));
+         SELECT pgqueue.pgq_send('b', '{}');
+         SELECT pgqueue.pgq_park(msg_id, claim_token, key => 'exporter', timeout => '1 hour')
+           FROM pgqueue.pgq_claim('b');",
     )
     .unwrap();
     // c: empty, with a claim waiting on it.
@@ -254,16 +258,19 @@ fn exporter_serves_the_queries_of_monitoring() {
         ("a", "claimed", 3.0),
         ("a", "dead", 1.0),
         ("a", "pending", 0.0),
+        ("a", "parked", 0.0),
         ("b", "ready", 1.0),
         ("b", "delayed", 0.0),
         ("b", "claimed", 1.0),
         ("b", "dead", 2.0),
         ("b", "pending", 1.0),
+        ("b", "parked", 1.0),
         ("c", "ready", 0.0),
         ("c", "delayed", 0.0),
         ("c", "claimed", 0.0),
         ("c", "dead", 0.0),
         ("c", "pending", 0.0),
+        ("c", "parked", 0.0),
     ]
     .into_iter()
     .map(|(q, s, v)| ((q.to_string(), s.to_string()), v))
