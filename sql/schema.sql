@@ -122,9 +122,9 @@ CREATE TABLE pgqueue.dependencies (
 -- A child's rows, to remove them when it finishes.
 CREATE INDEX dependencies_child_idx ON pgqueue.dependencies (child);
 -- Whether a child is held back: one index entry per parent not finished yet, or failed under
--- a policy other than 'run' (dependencies.rs reads it with this very condition). The check
--- costs the same whichever of 10,000 parents finished last.
-CREATE INDEX dependencies_waiting_idx ON pgqueue.dependencies (child)
+-- a policy other than 'run' (dependencies.rs reads it with this very condition, from the
+-- highest parent down, and stops at the first that holds the child back).
+CREATE INDEX dependencies_waiting_idx ON pgqueue.dependencies (child, parent)
     WHERE parent_outcome IS NULL OR (parent_outcome <> 'completed' AND on_parent_failure <> 'run');
 
 -- Park keys (sql/park.sql): one row per key that messages park on or that was signalled. A

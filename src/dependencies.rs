@@ -55,15 +55,18 @@ static FOLLOW: Statement = Statement {
 /// Pending messages of $1 none of whose parents holds them back (unfinished, or failed under
 /// a policy other than 'run': those are FAILED's): claimable now (delayed until their due
 /// time, if they have one), but those another transaction holds (see `cascade`).
-/// Returns the ids released.
+/// Returns the ids released. The links are read from the highest parent down, and the first
+/// that holds the child back ends the read: parents are acked in about the order they were
+/// sent, so in a fan-in the one just acked is rarely the last, and the highest still waits.
 static RELEASE: Statement = Statement {
     sql: c"WITH done AS (
                SELECT m.msg_id FROM pgqueue.messages m
                 WHERE m.msg_id = ANY ($1) AND m.state = 'pending'
-                  AND NOT EXISTS (SELECT FROM pgqueue.dependencies d
-                                   WHERE d.child = m.msg_id
-                                     AND (d.parent_outcome IS NULL
-                                          OR (d.parent_outcome <> 'completed' AND d.on_parent_failure <> 'run')))
+                  AND (SELECT d.parent FROM pgqueue.dependencies d
+                        WHERE d.child = m.msg_id
+                          AND (d.parent_outcome IS NULL
+                               OR (d.parent_outcome <> 'completed' AND d.on_parent_failure <> 'run'))
+                        ORDER BY d.parent DESC LIMIT 1) IS NULL
                 ORDER BY m.msg_id
                   FOR NO KEY UPDATE SKIP LOCKED
            ), freed AS (

@@ -4,7 +4,8 @@
 -- 'parked' until pgq_signal(key, payload) or the timeout. New: the state 'parked' (the CHECK
 -- constraint, two partial indexes), the columns messages.park_key and messages.park_until, the
 -- table pgqueue.park_keys, pgq_park, pgq_signal, queue_stats.parked, jobs.park_key and
--- .park_until, worker_stats.park_failures and .park_timeouts.
+-- .park_until, worker_stats.park_failures and .park_timeouts. The index that says whether a
+-- child is held back by its parents gets the parent as a second column (it is rebuilt).
 -- Locks on queue data: ALTER TABLE takes ACCESS EXCLUSIVE on pgqueue.messages until the update
 -- commits; the new CHECK constraints read it once, and each CREATE INDEX once more (no
 -- rewrite).
@@ -22,6 +23,13 @@ CREATE INDEX messages_parked_key_idx ON pgqueue.messages (park_key)
     WHERE state = 'parked';
 CREATE INDEX messages_parked_until_idx ON pgqueue.messages (park_until)
     WHERE state = 'parked';
+-- Whether a child is held back: one index entry per parent not finished yet, or failed under
+-- a policy other than 'run' (dependencies.rs reads it with this very condition, from the
+-- highest parent down, and stops at the first that holds the child back).
+DROP INDEX pgqueue.dependencies_waiting_idx;
+CREATE INDEX dependencies_waiting_idx ON pgqueue.dependencies (child, parent)
+    WHERE parent_outcome IS NULL OR (parent_outcome <> 'completed' AND on_parent_failure <> 'run');
+
 -- Added without a default, filled, then given it: so that the catalog matches a fresh
 -- install's (a default given to ADD COLUMN is kept as the column's "missing value").
 ALTER TABLE pgqueue.worker_state ADD COLUMN park_failures bigint, ADD COLUMN park_timeouts bigint;

@@ -395,6 +395,7 @@ fn check_restored(src: &Source, db: &str) {
         r.query_one("SELECT pgqueue.pgq_park($1, $2, 'pay:early', '1 hour')", &[&id, &token]).unwrap().get(0)
     };
     let (other, other_token) = claim_one(&mut r, "hook", None).held();
+    assert_eq!(other, src.unparked, "{db}");
     assert!(park(&mut r, other, other_token), "{db}");
     let headers: String = r
         .query_one(
