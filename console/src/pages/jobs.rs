@@ -86,14 +86,14 @@ pub struct JobRow {
 struct JobsPage {
     ctx: Ctx,
     search: Search,
-    states: [&'static str; 6],
+    states: [&'static str; 8],
     searched: bool,
     jobs: Avail<Vec<JobRow>>,
     next: Option<String>,
 }
 
 pub const PAGE_SIZE: i64 = 50;
-const STATES: [&str; 6] = ["ready", "delayed", "claimed", "completed", "dead", "cancelled"];
+const STATES: [&str; 8] = ["ready", "delayed", "pending", "parked", "claimed", "completed", "dead", "cancelled"];
 
 fn int(v: &str, what: &str) -> Result<i64, Failure> {
     v.parse::<i64>().map_err(|_| Failure::BadRequest(format!("{what} must be a number, not {v:?}")))
