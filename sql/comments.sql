@@ -87,7 +87,7 @@ COMMENT ON FUNCTION pgqueue.pgq_audit(text, text, jsonb, text) IS
 COMMENT ON VIEW pgqueue.jobs IS
     'every message, waiting, claimed or finished, with its state or outcome (no claim tokens)';
 COMMENT ON VIEW pgqueue.queue_stats IS
-    'per queue, counted exactly: ready, delayed, claimed, expired, dead, pending and parked messages, oldest ages';
+    'per queue, counted exactly: ready, delayed, claimed, expired, pending and parked messages, oldest ages; dead, completed and cancelled in the history kept';
 COMMENT ON VIEW pgqueue.queue_depth IS
     'per queue, from shared memory without counting: depths and dead letters, waiting claims, wake-ups';
 COMMENT ON VIEW pgqueue.queue_overview IS

@@ -10,7 +10,11 @@ SELECT q.queue,
        now() - c.oldest_ready AS oldest_ready_age,
        now() - c.oldest_expired_lease AS oldest_expired_claim_age,
        c.pending,
-       c.parked
+       c.parked,
+       -- Outcomes kept in the history (its retention): counted only when selected, and each
+       -- count reads that part of the queue's history.
+       (SELECT count(*) FROM pgqueue.history h WHERE h.queue = q.queue AND h.outcome = 'completed') AS completed,
+       (SELECT count(*) FROM pgqueue.history h WHERE h.queue = q.queue AND h.outcome = 'cancelled') AS cancelled
   FROM pgqueue.queues q
  CROSS JOIN LATERAL (
        SELECT count(*) FILTER (WHERE m.state = 'ready') AS ready,

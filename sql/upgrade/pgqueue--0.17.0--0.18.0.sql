@@ -332,7 +332,11 @@ SELECT q.queue,
        now() - c.oldest_ready AS oldest_ready_age,
        now() - c.oldest_expired_lease AS oldest_expired_claim_age,
        c.pending,
-       c.parked
+       c.parked,
+       -- Outcomes kept in the history (its retention): counted only when selected, and each
+       -- count reads that part of the queue's history.
+       (SELECT count(*) FROM pgqueue.history h WHERE h.queue = q.queue AND h.outcome = 'completed') AS completed,
+       (SELECT count(*) FROM pgqueue.history h WHERE h.queue = q.queue AND h.outcome = 'cancelled') AS cancelled
   FROM pgqueue.queues q
  CROSS JOIN LATERAL (
        SELECT count(*) FILTER (WHERE m.state = 'ready') AS ready,
@@ -396,7 +400,7 @@ COMMENT ON FUNCTION pgqueue.pgq_park(bigint, uuid, text, interval, jsonb, text, 
 COMMENT ON FUNCTION pgqueue.pgq_signal(text, jsonb, interval) IS
     'resume every message parked on key with this payload, and keep the signal for parks to come; returns how many it resumed';
 COMMENT ON VIEW pgqueue.queue_stats IS
-    'per queue, counted exactly: ready, delayed, claimed, expired, dead, pending and parked messages, oldest ages';
+    'per queue, counted exactly: ready, delayed, claimed, expired, pending and parked messages, oldest ages; dead, completed and cancelled in the history kept';
 COMMENT ON TABLE pgqueue.messages IS
     'messages waiting (ready, delayed, pending on their parents, or parked until a signal) or claimed; finished ones move to pgqueue.history';
 COMMENT ON TABLE pgqueue.park_keys IS
