@@ -379,6 +379,9 @@ SELECT current_database() AS database,
        w.rollup_failures, w.last_rollup_at, w.dependency_failures, w.released, w.park_failures, w.park_timeouts
   FROM pgqueue.worker_state w;
 
+-- Generic plans for a send's dependency statements (sql/dependencies.sql says why).
+ALTER FUNCTION pgqueue._depend(bigint[], bigint[], text) SET plan_cache_mode = force_generic_plan;
+
 REVOKE ALL ON FUNCTION
     pgqueue._check_park_key(text),
     pgqueue._park_headers(jsonb, jsonb, jsonb),
