@@ -5,14 +5,15 @@
 //! its result with its ack for a caller awaiting it, gives back what it holds when it stops,
 //! and survives `pg_terminate_backend` of its connections and a server restart without losing
 //! or doubling a message. Sends with parents (`after`) wait for their acks, as `graph` shows.
+//! Handlers park their jobs until a `signal` or a timeout.
 
 use crate::common;
 
 use common::server::Server;
 use common::{Client, Finished, count, history, wait_for};
 use pgqueue_client::{
-    Error, GraphRow, HandlerError, Message, ParentFailure, SendOptions, Worker, WorkerConfig, graph, result, send,
-    send_batch, tokio_postgres,
+    Error, GraphRow, HandlerError, Message, OnTimeout, ParentFailure, ParkOptions, SendOptions, Worker, WorkerConfig,
+    graph, park, result, send, send_batch, signal, tokio_postgres,
 };
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -521,6 +522,118 @@ fn a_child_waits_until_the_worker_acks_its_parents() {
             SendOptions { after: Some(vec![a]), on_parent_failure: Some(ParentFailure::Run), ..Default::default() };
         let id = send(&client, "elsewhere", &json!({}), run).await.unwrap();
         assert_eq!(result(&client, id, None, None).await.unwrap().unwrap().state, "ready");
+    });
+}
+
+/// Parking: a handler that returns `HandlerError::park`, or calls `park` itself (then neither
+/// renewed nor acked; a second call is false, the claim having ended), waits for `signal`,
+/// which resumes it — not as a new attempt — with the signal's payload in its `pgq_park`
+/// header; a signal sent before the park resumes it at once; timeouts resume or dead-letter;
+/// a park the server refuses is nacked with its error; bad keys and timeouts are 22023.
+#[test]
+fn a_handler_parks_its_job_until_a_signal_or_its_timeout() {
+    let _turn = common::file_turn(file!());
+    let server = server();
+    let rt = runtime();
+    let mut c = server.connect("postgres");
+    c.batch_execute(
+        "SELECT pgqueue.pgq_create_queue('parking', lease => '3 s'); SELECT pgqueue.pgq_create_queue('elsewhere')",
+    )
+    .unwrap();
+    let client = Arc::new(async_client(&rt, &server));
+    let state = |id: i64| rt.block_on(result(&*client, id, None, None)).unwrap().expect("the message").state;
+
+    // A signal before any park: kept (the server's default, a day) for the park to come.
+    assert_eq!(rt.block_on(signal(&*client, "early", Some(&json!("first")), None)).unwrap(), 0);
+    let kinds = ["returns park", "calls park", "early", "times out", "dies", "refused"];
+    let ids = rt.block_on(send_batch(&*client, "parking", &kinds.map(|k| json!(k)), SendOptions::default())).unwrap();
+    let id = |kind: &str| ids[kinds.iter().position(|k| *k == kind).unwrap()];
+
+    let calls = Calls::default();
+    let recorded = calls.clone();
+    let handler_client = client.clone();
+    let config = WorkerConfig::new(server.dsn("postgres"), "parking").concurrency(6).wait(Duration::from_secs(1));
+    let worker = start(&rt, config, move |msg| {
+        recorded.record(&msg);
+        let client = handler_client.clone();
+        async move {
+            if let Some(header) = msg.headers.as_ref().and_then(|h| h.get("pgq_park")) {
+                msg.set_result(header.clone()); // resumed: what it found, for the test to read
+                return Ok(());
+            }
+            let (hour, second) = (Duration::from_secs(3600), Duration::from_secs(1));
+            match msg.payload.as_str().unwrap() {
+                "returns park" => {
+                    let options =
+                        ParkOptions { payload: Some(json!({"waiting_for": "payment"})), ..Default::default() };
+                    Err(HandlerError::park("returned", hour, options))
+                }
+                "calls park" => {
+                    let zero = park(&*client, &msg, "called", Duration::ZERO, ParkOptions::default()).await;
+                    assert_eq!(zero.unwrap_err().sqlstate(), Some("22023"), "a timeout of 0");
+                    let of = |queue: &str| ParkOptions { queue: Some(queue.into()), ..Default::default() };
+                    assert!(!park(&*client, &msg, "called", hour, of("elsewhere")).await?, "another queue's");
+                    assert!(park(&*client, &msg, "called", hour, of("parking")).await?);
+                    assert!(!park(&*client, &msg, "called", hour, ParkOptions::default()).await?, "the claim ended");
+                    tokio::time::sleep(Duration::from_millis(1500)).await; // a renewal would be due: none is made
+                    Ok(()) // not acked: the message is parked
+                }
+                "early" => Err(HandlerError::park("early", hour, ParkOptions::default())),
+                "times out" => Err(HandlerError::park("never signalled", second, ParkOptions::default())),
+                "dies" => {
+                    let dead = ParkOptions { on_timeout: Some(OnTimeout::Dead), ..Default::default() };
+                    Err(HandlerError::park("never signalled", second, dead))
+                }
+                _ if msg.attempt == 1 => Err(HandlerError::park("", hour, ParkOptions::default())), // refused
+                _ => Ok(()),
+            }
+        }
+    });
+
+    wait_for("two parked until a signal", LIMIT, || {
+        (state(id("returns park")) == "parked" && state(id("calls park")) == "parked").then_some(())
+    });
+    rt.block_on(async {
+        assert_eq!(signal(&*client, "returned", Some(&json!({"paid": true})), None).await.unwrap(), 1);
+        assert_eq!(signal(&*client, "returned", None, None).await.unwrap(), 0, "kept: a second one changes nothing");
+        assert_eq!(signal(&*client, "called", Some(&json!("approved")), Some(Duration::ZERO)).await.unwrap(), 1);
+    });
+    until_completed(&mut c, "parking", 5);
+    wait_for("six finished", LIMIT, || (history(&mut c, "parking").len() == 6).then_some(()));
+    stop(&rt, worker).unwrap();
+
+    let history = history(&mut c, "parking");
+    for kind in ["returns park", "calls park", "early", "times out"] {
+        assert_eq!(history[&id(kind)].result(), ("completed", 1, None), "{kind}: resumed, not a new attempt");
+        assert_eq!(calls.of(id(kind)), 2, "{kind}");
+    }
+    assert_eq!(history[&id("dies")].result(), ("dead", 1, Some("parked, and no signal came before its timeout")));
+    let refused = &history[&id("refused")];
+    assert_eq!((refused.outcome.as_str(), refused.attempt, calls.of(id("refused"))), ("completed", 2, 2));
+    let error = refused.last_error.as_deref().unwrap_or_default();
+    assert!(error.starts_with("park refused: ERROR (22023): pgqueue: invalid value for \"key\""), "{error}");
+
+    let header = |kind: &str| rt.block_on(result(&*client, id(kind), None, None)).unwrap().unwrap().result.unwrap();
+    let returned = header("returns park");
+    assert_eq!(
+        [&returned["key"], &returned["on_timeout"], &returned["payload"], &returned["signal"]],
+        [&json!("returned"), &json!("resume"), &json!({"waiting_for": "payment"}), &json!({"paid": true})]
+    );
+    assert!(returned.get("resumed_at").is_some() && returned.get("timed_out").is_none());
+    assert_eq!(header("calls park")["signal"], json!("approved"));
+    assert_eq!(header("early")["signal"], json!("first"), "the kept signal resumed it at once");
+    let timed_out = header("times out");
+    assert_eq!((&timed_out["timed_out"], timed_out.get("signal")), (&json!(true), None));
+    assert_eq!(OnTimeout::from_sql(timed_out["on_timeout"].as_str().unwrap()), Some(OnTimeout::Resume));
+
+    rt.block_on(async {
+        for key in [String::new(), "k".repeat(513)] {
+            let e = signal(&*client, &key, None, None).await.unwrap_err();
+            assert_eq!(e.sqlstate(), Some("22023"), "{e}");
+        }
+        let e = signal(&*client, "k", None, Some(Duration::from_secs(366 * 86_400))).await.unwrap_err();
+        assert_eq!(e.sqlstate(), Some("22023"), "{e}");
+        assert_eq!(signal(&*client, "never signalled", None, None).await.unwrap(), 0, "nothing parked on it now");
     });
 }
 

@@ -1,3 +1,4 @@
+use crate::ParkOptions;
 use std::fmt;
 use std::time::Duration;
 use tokio_postgres::error::SqlState;
@@ -77,7 +78,8 @@ impl From<tokio_postgres::Error> for Error {
 }
 
 /// Why a handler did not finish a message: retry it later (`pgq_nack`, the error text
-/// recorded on the message) or never (`pgq_fail`: dead letter now).
+/// recorded on the message), never (`pgq_fail`: dead letter now), or once a signal comes
+/// (`pgq_park`).
 ///
 /// Any `std::error::Error` converts into a retry, so `?` works in handlers.
 #[derive(Debug)]
@@ -87,6 +89,12 @@ pub enum HandlerError {
     Retry { error: String, retry_in: Option<Duration> },
     /// Fail: dead letter now, whatever attempt this was.
     Permanent { error: String },
+    /// Park: the claim ends, and the message waits for [`signal`](crate::signal) of `key` or
+    /// for `timeout`, as [`park`](crate::park) does (with the worker's queue, whatever
+    /// `options.queue` says). Needs pgqueue 0.18.0 or later; a park the server refuses (a bad
+    /// key or timeout, a payload too large, an older server) is logged and the message nacked
+    /// with the error (`park refused: …`).
+    Park { key: String, timeout: Duration, options: ParkOptions },
 }
 
 impl HandlerError {
@@ -104,6 +112,13 @@ impl HandlerError {
     pub fn permanent(error: impl fmt::Display) -> Self {
         HandlerError::Permanent { error: error.to_string() }
     }
+
+    /// Park on `key` (1 to 512 characters) until a signal, or until `timeout` (at most 365
+    /// days) passes; the handler that resumes it finds the park, and the signal's payload, in
+    /// `msg.headers["pgq_park"]`.
+    pub fn park(key: impl Into<String>, timeout: Duration, options: ParkOptions) -> Self {
+        HandlerError::Park { key: key.into(), timeout, options }
+    }
 }
 
 impl fmt::Display for HandlerError {
@@ -111,6 +126,7 @@ impl fmt::Display for HandlerError {
         match self {
             HandlerError::Retry { error, .. } => write!(f, "retry: {error}"),
             HandlerError::Permanent { error } => write!(f, "permanent: {error}"),
+            HandlerError::Park { key, timeout, .. } => write!(f, "park on {key:?} for {timeout:?}"),
         }
     }
 }

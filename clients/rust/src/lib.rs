@@ -5,7 +5,10 @@ mod producer;
 mod worker;
 
 pub use error::{Error, HandlerError, Result};
-pub use producer::{GraphRow, Outcome, ParentFailure, SendOptions, graph, result, send, send_batch};
+pub use producer::{
+    GraphRow, OnTimeout, Outcome, ParentFailure, ParkOptions, SendOptions, graph, park, result, send, send_batch,
+    signal,
+};
 pub use tokio_postgres;
 pub use tokio_util::sync::CancellationToken;
 pub use worker::{Message, Worker, WorkerConfig};

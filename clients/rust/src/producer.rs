@@ -1,13 +1,15 @@
 //! Sending: on the caller's client or transaction, so a message commits (or vanishes) with
 //! the caller's own writes. Nothing here commits. Reading, or awaiting, what became of a
-//! message ([`result`]), and its dependencies ([`graph`]).
+//! message ([`result`]), its dependencies ([`graph`]); parking a claimed message ([`park`])
+//! and resuming what is parked on a key ([`signal`]).
 
-use crate::{Error, Param, Result, interval};
+use crate::{Error, Message, Param, Result, interval};
 use serde_json::Value;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 use tokio_postgres::GenericClient;
 use tokio_postgres::types::{ToSql, Type};
+use uuid::Uuid;
 
 /// Optional arguments of [`send`] and [`send_batch`]; what is None is left to the server's
 /// defaults (README "SQL API").
@@ -187,9 +189,9 @@ pub async fn send_batch(
 /// What became of a message so far, as [`result`] reads it (`pgq_result`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
-    /// `pending` (waiting for its parents: [`SendOptions::after`]), `ready`, `delayed` or
-    /// `claimed` while it waits or runs; once finished, its outcome: `completed`, `dead` or
-    /// `cancelled`.
+    /// `pending` (waiting for its parents: [`SendOptions::after`]), `ready`, `delayed`,
+    /// `parked` (waiting for a signal: [`park`]) or `claimed` while it waits or runs; once
+    /// finished, its outcome: `completed`, `dead` or `cancelled`.
     pub state: String,
     /// Claims of it so far.
     pub attempt: i32,
@@ -257,8 +259,8 @@ pub struct GraphRow {
     pub id: i64,
     /// None for a parent whose history was pruned (as are `state` and the times).
     pub queue: Option<String>,
-    /// As [`Outcome::state`]: `pending`, `ready`, `delayed` or `claimed` while in the queue,
-    /// its outcome once finished.
+    /// As [`Outcome::state`]: `pending`, `ready`, `delayed`, `parked` or `claimed` while in the
+    /// queue, its outcome once finished.
     pub state: Option<String>,
     /// A child's policy (`cancel`, `dead`, `run`: [`ParentFailure::from_sql`]); the message's
     /// own while it has links to parents; None for a parent.
@@ -316,4 +318,158 @@ pub async fn graph(client: &impl GenericClient, msg_id: i64) -> Result<Vec<Graph
             finished_at: r.get(6),
         })
         .collect())
+}
+
+/// What becomes of a parked message whose timeout passes with no signal: `pgq_park`'s
+/// `on_timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OnTimeout {
+    /// Claimable again, with `"timed_out": true` in its `pgq_park` header: the server's default.
+    #[default]
+    Resume,
+    /// Dead-lettered, with the error `parked, and no signal came before its timeout`.
+    Dead,
+}
+
+impl OnTimeout {
+    /// The SQL API's text: `resume` or `dead`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnTimeout::Resume => "resume",
+            OnTimeout::Dead => "dead",
+        }
+    }
+
+    /// The policy named by the SQL API's text (as the `pgq_park` header's `on_timeout` has it).
+    pub fn from_sql(text: &str) -> Option<Self> {
+        match text {
+            "resume" => Some(OnTimeout::Resume),
+            "dead" => Some(OnTimeout::Dead),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for OnTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Optional arguments of [`park`] and [`HandlerError::park`](crate::HandlerError::park); what
+/// is None is left to the server's defaults, and not sent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ParkOptions {
+    /// Kept in the message's `pgq_park` header (as `payload`), for the handler that resumes it.
+    pub payload: Option<Value>,
+    /// What the timeout does; None: the server's default, [`OnTimeout::Resume`].
+    pub on_timeout: Option<OnTimeout>,
+    /// [`park`] only: the message's queue, checked by the server (a message of another queue is
+    /// left as a stale token is; an unknown queue is SQLSTATE 42704). A worker parks its
+    /// handlers' messages with its own queue.
+    pub queue: Option<String>,
+}
+
+/// Parks a claimed message (`pgq_park`) on `client` (a `Client` in autocommit, or a
+/// `Transaction`: then when that transaction commits): its claim ends, and it waits until
+/// [`signal`] of `key` (1 to 512 characters) or until `timeout` (at most 365 days) passes.
+/// Then it is claimable again — the claim that resumes it is not a new attempt — with a
+/// `pgq_park` object in its headers: `key`, `parked_at`, `timeout_at`, `on_timeout`, `payload`,
+/// and `signal` (the signal's payload), `signalled_at`, `resumed_at` after a signal, or
+/// `timed_out`, `resumed_at` after the timeout ([`OnTimeout::Resume`]; [`OnTimeout::Dead`]
+/// dead-letters it instead). A signal of `key` still kept resumes it at once.
+///
+/// False: the claim was no longer held under `msg.claim_token` (lost, or a message of another
+/// queue than [`ParkOptions::queue`]); nothing changed. A bad key or timeout is SQLSTATE 22023.
+/// Inside a [`Worker`](crate::Worker)'s handler, returning
+/// [`HandlerError::park`](crate::HandlerError::park) is simpler; a message this call parked is
+/// neither renewed nor finished by the worker afterwards (if the park's transaction rolls back,
+/// its lease runs out and it is claimed again). Needs pgqueue 0.18.0 or later.
+///
+/// ```no_run
+/// use pgqueue_client::{Message, ParkOptions, park};
+/// use serde_json::json;
+/// use std::time::Duration;
+///
+/// # async fn example(client: &tokio_postgres::Client, msg: &Message) -> Result<(), pgqueue_client::Error> {
+/// let opts = ParkOptions { payload: Some(json!({"waiting_for": "payment"})), ..Default::default() };
+/// if !park(client, msg, "payment:42", Duration::from_secs(86_400), opts).await? {
+///     println!("the claim was lost: someone else handles message {}", msg.msg_id);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn park(
+    client: &impl GenericClient,
+    msg: &Message,
+    key: &str,
+    timeout: Duration,
+    opts: ParkOptions,
+) -> Result<bool> {
+    let parked = park_call(client, msg.msg_id, msg.claim_token, key, timeout, opts).await?;
+    if parked {
+        msg.mark_parked();
+    }
+    Ok(parked)
+}
+
+/// `pgq_park` with only the options set (shared with the worker).
+pub(crate) async fn park_call(
+    client: &impl GenericClient,
+    msg_id: i64,
+    claim_token: Uuid,
+    key: &str,
+    timeout: Duration,
+    opts: ParkOptions,
+) -> Result<bool> {
+    let mut call = Call::new();
+    call.arg("msg_id", Type::INT8, msg_id);
+    call.arg("claim_token", Type::UUID, claim_token);
+    call.arg("key", Type::TEXT, key.to_owned());
+    call.interval("timeout", timeout);
+    if let Some(payload) = opts.payload {
+        call.arg("payload", Type::JSONB, payload);
+    }
+    if let Some(on_timeout) = opts.on_timeout {
+        call.arg("on_timeout", Type::TEXT, on_timeout.as_str());
+    }
+    if let Some(queue) = opts.queue {
+        call.arg("queue", Type::TEXT, queue);
+    }
+    let sql = format!("SELECT pgqueue.pgq_park({})", call.args.join(", "));
+    Ok(client.query_typed_one(&sql, &call.params()).await?.get(0))
+}
+
+/// Resumes every message parked on `key` (`pgq_signal`): claimable again (waiting claims are
+/// woken at the commit), with `payload` as `signal` in their `pgq_park` header; returns how
+/// many. The signal is kept for `keep` (None: the server's default, 1 day; zero: not kept), and
+/// a message parked on `key` meanwhile resumes at once with it; a signal of a key whose signal
+/// is still kept changes nothing (a signal sent twice is one signal). Producers and consumers
+/// may both call it. A bad key (not 1 to 512 characters) or a `keep` over 365 days is SQLSTATE
+/// 22023. Needs pgqueue 0.18.0 or later.
+///
+/// ```no_run
+/// use pgqueue_client::signal;
+/// use serde_json::json;
+///
+/// # async fn example(client: &tokio_postgres::Client) -> Result<(), pgqueue_client::Error> {
+/// let resumed = signal(client, "payment:42", Some(&json!({"paid": true})), None).await?;
+/// println!("{resumed} message(s) resumed");
+/// # Ok(()) }
+/// ```
+pub async fn signal(
+    client: &impl GenericClient,
+    key: &str,
+    payload: Option<&Value>,
+    keep: Option<Duration>,
+) -> Result<i64> {
+    let mut call = Call::new();
+    call.arg("key", Type::TEXT, key.to_owned());
+    if let Some(payload) = payload {
+        call.arg("payload", Type::JSONB, payload.clone());
+    }
+    if let Some(keep) = keep {
+        call.interval("keep", keep);
+    }
+    let sql = format!("SELECT pgqueue.pgq_signal({})", call.args.join(", "));
+    Ok(client.query_typed_one(&sql, &call.params()).await?.get(0))
 }

@@ -1,15 +1,17 @@
 //! The worker: a claim loop on one connection (waiting claims block it server-side), and a
-//! task per message whose renewals and ack/nack/fail go through a second connection.
+//! task per message whose renewals and ack/nack/fail/park go through a second connection.
 //!
 //! Every statement is one unnamed statement with typed parameters (`query_typed`: parse,
 //! bind and execute in one round trip), never a named prepared statement, so that the worker
 //! works behind PgBouncer in transaction pooling mode, where consecutive statements of a
 //! connection may run on different server connections.
 
-use crate::{Error, HandlerError, Param, Result, interval};
+use crate::producer::park_call;
+use crate::{Error, HandlerError, Param, ParkOptions, Result, interval};
 use serde_json::Value;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, watch};
@@ -126,6 +128,10 @@ pub struct Message {
     pub attempt: i32,
     pub priority: i16,
     pub payload: Value,
+    /// As sent; a message that was parked ([`HandlerError::Park`], [`park`](crate::park)) has a
+    /// `pgq_park` object: its park's `key`, `parked_at`, `timeout_at`, `on_timeout`,
+    /// `payload`, and once resumed `signal` (the signal's payload), `signalled_at` and
+    /// `resumed_at`, or `timed_out` and `resumed_at`.
     pub headers: Option<Value>,
     pub enqueued_at: SystemTime,
     /// When the lease ended at the claim (the worker extends it while the handler runs).
@@ -155,14 +161,22 @@ impl Message {
     pub fn report_progress(&self, value: Value) {
         *lock(&self.reports.progress) = Some(value);
     }
+
+    /// [`park`](crate::park) parked it: the claim ended, so the worker neither renews nor
+    /// finishes it.
+    pub(crate) fn mark_parked(&self) {
+        self.reports.parked.store(true, Ordering::Relaxed);
+    }
 }
 
 /// What a handler reports through its message (and its clones): the latest progress not sent
-/// yet, which the next renewal takes, and the result for the ack.
+/// yet, which the next renewal takes, the result for the ack, and whether it parked the
+/// message itself.
 #[derive(Debug, Default)]
 struct Reports {
     progress: std::sync::Mutex<Option<Value>>,
     result: std::sync::Mutex<Option<Value>>,
+    parked: AtomicBool,
 }
 
 impl Reports {
@@ -170,6 +184,10 @@ impl Reports {
     /// report came meanwhile.
     fn put_back(&self, progress: Value) {
         lock(&self.progress).get_or_insert(progress);
+    }
+
+    fn parked(&self) -> bool {
+        self.parked.load(Ordering::Relaxed)
     }
 }
 
@@ -398,6 +416,7 @@ enum Op {
     Ack { result: Option<Value> },
     Nack { retry_in: Option<Duration>, error: String },
     Fail { error: String },
+    Park { key: String, timeout: Duration, options: ParkOptions },
 }
 
 impl Op {
@@ -418,6 +437,7 @@ impl fmt::Display for Op {
             Op::Ack { .. } => "ack",
             Op::Nack { .. } => "nack",
             Op::Fail { .. } => "fail",
+            Op::Park { .. } => "park",
         })
     }
 }
@@ -449,12 +469,18 @@ impl Shared {
 
     /// One try of `op`; true when the claim was still held (and now renewed or finished). A
     /// progress or result the server refuses (54000: larger than `pgqueue.max_payload_bytes`;
-    /// 42883: a server before 0.16.0) is left out, and `op` made again without it.
+    /// 42883: a server before 0.16.0) is left out, and `op` made again without it. A park the
+    /// server refuses (a bad key or timeout, a payload too large, a server before 0.18.0) is a
+    /// nack with its error instead, so that the message is not left to its lease.
     async fn try_op(&self, op: &Op, id: i64, token: Uuid) -> Result<bool> {
         match (self.call(op, id, token).await, op.without_report()) {
             (Err(e), Some(plain)) if matches!(e.sqlstate(), Some("54000" | "42883")) => {
                 log::error!("pgqueue worker: message {id}: its {op} was refused ({e}); made again without its report");
                 self.call(&plain, id, token).await
+            }
+            (Err(e), _) if matches!(op, Op::Park { .. }) && !e.is_transient() => {
+                log::error!("pgqueue worker: message {id}: its park was refused ({e}); nacking it");
+                self.call(&Op::Nack { retry_in: None, error: format!("park refused: {e}") }, id, token).await
             }
             (result, _) => result,
         }
@@ -493,6 +519,10 @@ impl Shared {
                 let params: [Param; 4] = [(&id, Type::INT8), (&token, Type::UUID), (error, Type::TEXT), queue];
                 client.query_typed_one(sql, &params).await?
             }
+            Op::Park { key, timeout, options } => {
+                let options = ParkOptions { queue: Some(self.config.queue.clone()), ..options.clone() };
+                return park_call(&*client, id, token, key, *timeout, options).await;
+            }
         };
         Ok(row.get(0))
     }
@@ -522,8 +552,9 @@ impl Shared {
 }
 
 /// One message: the handler in a task of its own, its lease renewed every lease/3 meanwhile
-/// (with the progress it reported), then ack (with its result), nack or fail by its outcome —
-/// or given back if the worker stops first.
+/// (with the progress it reported), then ack (with its result), nack, fail or park by its
+/// outcome — or given back if the worker stops first. A message the handler parked itself
+/// ([`park`](crate::park)) is neither renewed nor finished from then on: its claim ended.
 async fn process<H, F>(
     shared: Arc<Shared>,
     handler: Arc<H>,
@@ -575,7 +606,7 @@ async fn process<H, F>(
     let outcome = loop {
         tokio::select! {
             done = &mut job => break Some(done),
-            _ = ticks.tick(), if held => held = renew(&mut lease_end).await,
+            _ = ticks.tick(), if held && !reports.parked() => held = renew(&mut lease_end).await,
             Ok(()) = giveback.changed() => {
                 job.abort();
                 break None;
@@ -588,9 +619,12 @@ async fn process<H, F>(
         Some(Ok(Ok(()))) => Op::Ack { result: lock(&reports.result).take() },
         Some(Ok(Err(HandlerError::Retry { error, retry_in }))) => Op::Nack { retry_in, error },
         Some(Ok(Err(HandlerError::Permanent { error }))) => Op::Fail { error },
+        Some(Ok(Err(HandlerError::Park { key, timeout, options }))) => Op::Park { key, timeout, options },
         Some(Err(e)) => Op::Nack { retry_in: None, error: panic_text(e) },
     };
-    if shared.op(&op, id, token, lease_end).await == Some(false) {
+    if reports.parked() {
+        log::debug!("pgqueue worker: message {id} was parked by its handler; nothing to {op}");
+    } else if shared.op(&op, id, token, lease_end).await == Some(false) {
         log::warn!(
             "pgqueue worker: message {id}: {op} found its claim lost (lease expired and re-armed, or finished \
              elsewhere): nothing changed; its work may be repeated"

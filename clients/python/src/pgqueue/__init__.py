@@ -3,21 +3,25 @@
 Sync API here; its asyncio twin is `pgqueue.aio`. Logs go to the `pgqueue` logger.
 """
 
-from .messages import Message, error_text
-from .producer import GraphRow, Outcome, ParentFailure, Producer, graph, result, send, send_batch
+from .messages import Message, OnTimeout, Park, error_text
+from .producer import GraphRow, Outcome, ParentFailure, Producer, graph, park, result, send, send_batch, signal
 from .worker import Worker
 
 __all__ = [
     "GraphRow",
     "Message",
+    "OnTimeout",
     "Outcome",
     "ParentFailure",
+    "Park",
     "Producer",
     "Worker",
     "error_text",
     "graph",
+    "park",
     "result",
     "send",
     "send_batch",
+    "signal",
 ]
 __version__ = "0.5.0"

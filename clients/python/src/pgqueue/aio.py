@@ -1,13 +1,13 @@
-"""The asyncio twin of `pgqueue`: `send`, `send_batch`, `result`, `graph`, `AsyncProducer`
-and `AsyncWorker`, with the same arguments and behaviour as the sync ones (handlers are coroutine
-functions and run as tasks)."""
+"""The asyncio twin of `pgqueue`: `send`, `send_batch`, `result`, `graph`, `park`, `signal`,
+`AsyncProducer` and `AsyncWorker`, with the same arguments and behaviour as the sync ones
+(handlers are coroutine functions and run as tasks)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import inspect
-import signal
+import signal as signals
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -15,15 +15,17 @@ from typing import Any
 
 import psycopg
 
-from .messages import Message, Seconds, backoff, error_text, short
+from .messages import Message, OnTimeout, Park, Seconds, backoff, error_text, short
 from .producer import (
     GraphRow,
     Outcome,
     ParentFailure,
     graph_query,
+    park_query,
     result_query,
     send_batch_query,
     send_query,
+    signal_query,
 )
 from .worker import (
     CONNECTION_ERRORS,
@@ -32,7 +34,9 @@ from .worker import (
     Settings,
     fenced_false,
     log,
+    parked,
     put_back,
+    refused_park,
     refused_result,
     shorter_wait,
     wait_unsupported,
@@ -99,6 +103,33 @@ async def graph(target: AsyncTarget, msg_id: int) -> list[GraphRow]:
     """`pgqueue.graph` on an AsyncConnection or AsyncCursor."""
     cur = await _cursor(target, "graph").execute(*graph_query(msg_id))
     return [GraphRow(*row) for row in await cur.fetchall()]
+
+
+async def park(
+    target: AsyncTarget,
+    message: Message,
+    key: str,
+    timeout: Seconds,
+    *,
+    payload: Any = None,
+    on_timeout: OnTimeout | None = None,
+    queue: str | None = None,
+) -> bool:
+    """`pgqueue.park` on an AsyncConnection or AsyncCursor; never commits."""
+    cur = await _cursor(target, "park").execute(*park_query(message, key, timeout, payload, on_timeout, queue))
+    row = await cur.fetchone()
+    assert row is not None
+    if row[0]:
+        message._parked.set()
+    return bool(row[0])
+
+
+async def signal(target: AsyncTarget, key: str, payload: Any = None, keep: Seconds | None = None) -> int:
+    """`pgqueue.signal` on an AsyncConnection or AsyncCursor; never commits."""
+    cur = await _cursor(target, "signal").execute(*signal_query(key, payload, keep))
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def _cursor(target: Any, what: str) -> Any:
@@ -203,6 +234,9 @@ class AsyncProducer:
 
     async def graph(self, msg_id: int) -> list[GraphRow]:
         return [GraphRow(*row) for row in await self._rows(*graph_query(msg_id))]
+
+    async def signal(self, key: str, payload: Any = None, keep: Seconds | None = None) -> int:
+        return int(await self._run(*signal_query(key, payload, keep)))
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -314,11 +348,11 @@ class AsyncWorker:
         self._changed = asyncio.Condition()
         self._stopping, self._hurry, self._done = asyncio.Event(), asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
-        signals: list[signal.Signals] = []
+        handled: list[signals.Signals] = []
         if handle_signals and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signals.SIGTERM, signals.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-                signals.append(sig)
+                handled.append(sig)
         renewer = asyncio.create_task(self._renew_loop())
         try:
             while not self._stopping.is_set():
@@ -333,7 +367,7 @@ class AsyncWorker:
             self._stopping.set()
             await self._shutdown()
             renewer.cancel()
-            for sig in signals:
+            for sig in handled:
                 loop.remove_signal_handler(sig)
 
     def stop(self) -> None:
@@ -418,6 +452,9 @@ class AsyncWorker:
             if held.state == "given_back":
                 return  # given back at the end of the grace period
             raise
+        except Park as park:
+            outcome, result = "park", park
+            log.info("message %d (attempt %d): %s", held.message.msg_id, held.message.attempt, park)
         except Exception as exc:  # every failure is reported to the server
             error = error_text(exc)
             outcome = "fail" if isinstance(exc, self.settings.non_retryable) else "nack"
@@ -431,11 +468,16 @@ class AsyncWorker:
             await self._forget(held)
 
     async def _call_until_done(self, held: Held, outcome: str, error: str | None, result: Any) -> None:
+        if parked(held):
+            return
         failures = 0
         while True:
             try:
                 rows = await self._link.fetch(*self.settings.finish_query(held, outcome, error, result))
             except REFUSED as exc:
+                if outcome == "park":
+                    outcome, error, result = "nack", refused_park(held, exc), None
+                    continue
                 if result is None:
                     log.error("%s of message %d failed: %s", outcome, held.message.msg_id, exc)
                     return
@@ -460,6 +502,9 @@ class AsyncWorker:
                     await asyncio.wait_for(self._done.wait(), pause)
                 continue
             except psycopg.Error as exc:
+                if outcome == "park":
+                    outcome, error, result = "nack", refused_park(held, exc), None
+                    continue
                 log.error("%s of message %d failed: %s", outcome, held.message.msg_id, exc)
                 return
             if not rows[0][0]:
@@ -472,7 +517,7 @@ class AsyncWorker:
         while True:
             await asyncio.sleep(0.1)
             now = time.monotonic()
-            due = [h for h in self._held.values() if not h.lost and h.state != "given_back" and h.renew_at <= now]
+            due = [h for h in self._held.values() if h.renewable(now)]
             if due:
                 await self._renew(due)
 
@@ -531,6 +576,9 @@ class AsyncWorker:
         await self._link.drop()
 
     async def _give_back(self, held: Held) -> None:
+        if parked(held):
+            await self._forget(held)
+            return
         for attempt in range(3):
             try:
                 rows = await self._link.fetch(*self.settings.finish_query(held, "give_back", None))

@@ -6,11 +6,16 @@ import random
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 Seconds = timedelta | int | float
 """An interval: a timedelta, or a number of seconds."""
+
+OnTimeout = Literal["resume", "dead"]
+"""What becomes of a parked message whose timeout passes with no signal: 'resume' (the server's
+default) makes it claimable again, with `"timed_out": true` in its "pgq_park" header; 'dead'
+dead-letters it."""
 
 
 class Latest:
@@ -46,6 +51,9 @@ class Message:
     """How many times it was claimed, this claim included (1 on the first)."""
     payload: Any
     headers: dict[str, Any] | None
+    """As sent; a message that was parked (`Park`, `pgqueue.park`) has a "pgq_park" entry: its
+    park's key, parked_at, timeout_at, on_timeout, payload, and once resumed signal (the
+    signal's payload), signalled_at and resumed_at, or timed_out and resumed_at."""
     priority: int
     enqueued_at: datetime
     claim_token: UUID = field(repr=False)
@@ -56,6 +64,9 @@ class Message:
     return; the worker finishes the message as the handler returned, and the server records a
     requested cancel as `cancelled` whatever the call (and changes nothing for a lost claim)."""
     _progress: Latest = field(default_factory=Latest, init=False, repr=False, compare=False)
+    _parked: threading.Event = field(default_factory=threading.Event, init=False, repr=False, compare=False)
+    """Set by `pgqueue.park` when it parked this message: the worker then neither renews nor
+    finishes it (the park ended its claim)."""
 
     def report_progress(self, value: Any) -> None:
         """Reports how far the job got: `value` (anything JSON can hold; None: nothing) is sent
@@ -79,6 +90,40 @@ def seconds(value: Seconds, name: str) -> float:
     delta = interval(value, name)
     assert delta is not None
     return delta.total_seconds()
+
+
+class Park(Exception):
+    """Raised by a handler to park its message (`pgq_park`, pgqueue 0.18.0 or later): the worker
+    ends the claim and the message waits until `signal(key)` (its payload is then in the
+    message's "pgq_park" header, for the handler that resumes it) or until `timeout` (at most
+    365 days) passes: then it is claimable again with `"timed_out": true` in that header
+    (`on_timeout` 'resume', the server's default) or dead-lettered ('dead'). `payload` (anything
+    JSON can hold) is kept in the header too. The claim that resumes it does not count as a new
+    attempt. A park the server refuses (a bad key or timeout, a server before 0.18.0) is logged
+    and the message nacked with the error."""
+
+    def __init__(self, key: str, timeout: Seconds, *, payload: Any = None, on_timeout: OnTimeout | None = None) -> None:
+        check_park(key, on_timeout)
+        self.key = key
+        self.timeout = park_timeout(timeout)
+        self.payload = payload
+        self.on_timeout = on_timeout
+        super().__init__(f"park on {key!r} for {self.timeout}")
+
+
+def park_timeout(timeout: Seconds) -> timedelta:
+    delta = interval(timeout, "timeout")
+    if delta is None:
+        raise TypeError("timeout must be a timedelta or a number of seconds, not None")
+    return delta
+
+
+def check_park(key: str, on_timeout: OnTimeout | None) -> None:
+    """The types of a park's key and on_timeout (their values are the server's to check)."""
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    if on_timeout is not None and not isinstance(on_timeout, str):
+        raise TypeError(f"on_timeout must be 'resume' or 'dead', not {type(on_timeout).__name__}")
 
 
 def error_text(exc: BaseException) -> str:

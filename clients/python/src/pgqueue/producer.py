@@ -1,6 +1,7 @@
 """Sending messages: inside the caller's transaction (`send`, `send_batch`), or on a
 connection of the producer's own that commits each call (`Producer`); reading, or
-awaiting, what became of one (`result`); and its dependencies (`graph`)."""
+awaiting, what became of one (`result`); its dependencies (`graph`); parking a claimed
+message (`park`) and resuming what is parked on a key (`signal`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg.types.json import Jsonb
 
-from .messages import Seconds, interval
+from .messages import Message, OnTimeout, Seconds, check_park, interval, park_timeout
 
 Target = psycopg.Connection[Any] | psycopg.Cursor[Any]
 
@@ -80,9 +81,9 @@ class Outcome:
     """What became of a message so far, as `result` reads it (`pgq_result`)."""
 
     state: str
-    """'pending' (waiting for its parents: `send(..., after=...)`), 'ready', 'delayed' or
-    'claimed' while it waits or runs; once finished, its outcome: 'completed', 'dead' or
-    'cancelled'."""
+    """'pending' (waiting for its parents: `send(..., after=...)`), 'ready', 'delayed', 'parked'
+    (waiting for a signal: `Park`) or 'claimed' while it waits or runs; once finished, its
+    outcome: 'completed', 'dead' or 'cancelled'."""
     attempt: int
     result: Any
     """What its handler returned (completed messages only; None: nothing)."""
@@ -118,8 +119,8 @@ class GraphRow:
     queue: str | None
     """None for a parent whose history was pruned (so is everything below but `relation`, `id`)."""
     state: str | None
-    """As `Outcome.state`: 'pending', 'ready', 'delayed' or 'claimed' while in the queue, its
-    outcome once finished."""
+    """As `Outcome.state`: 'pending', 'ready', 'delayed', 'parked' or 'claimed' while in the
+    queue, its outcome once finished."""
     on_parent_failure: str | None
     """A child's policy ('cancel', 'dead', 'run'); the message's own while it waits for parents;
     None for a parent."""
@@ -136,6 +137,41 @@ def graph(target: Target, msg_id: int) -> list[GraphRow]:
     parents ('parent'), then its children still in the queue ('child'); an empty list when
     there is no such message (or its history was pruned). Needs pgqueue 0.17.0 or later."""
     return [GraphRow(*row) for row in _cursor(target, "graph").execute(*graph_query(msg_id)).fetchall()]
+
+
+def park(
+    target: Target,
+    message: Message,
+    key: str,
+    timeout: Seconds,
+    *,
+    payload: Any = None,
+    on_timeout: OnTimeout | None = None,
+    queue: str | None = None,
+) -> bool:
+    """Parks a claimed message (`pgq_park`) on the caller's connection or cursor: its claim
+    ends, and it waits until `signal(key)` or until `timeout` (at most 365 days) passes; see
+    `Park` for what then becomes of it. Never commits: the park takes effect when the caller's
+    transaction commits. False: the claim was no longer held under `message.claim_token` (lost,
+    or of another queue than `queue`, if given); nothing changed. Inside a `Worker`'s handler,
+    raising `Park` is simpler; a message this call parked is neither renewed nor finished by
+    the worker afterwards. Needs pgqueue 0.18.0 or later."""
+    row = _cursor(target, "park").execute(*park_query(message, key, timeout, payload, on_timeout, queue)).fetchone()
+    assert row is not None
+    if row[0]:
+        message._parked.set()
+    return bool(row[0])
+
+
+def signal(target: Target, key: str, payload: Any = None, keep: Seconds | None = None) -> int:
+    """Resumes every message parked on `key` (`pgq_signal`): claimable again, with `payload`
+    (anything JSON can hold) in their "pgq_park" header; returns how many. The signal is kept
+    for `keep` (the server's default: 1 day; 0: not kept), and a message parked on `key`
+    meanwhile resumes at once; signalling a key whose signal is still kept changes nothing.
+    Never commits. Needs pgqueue 0.18.0 or later."""
+    row = _cursor(target, "signal").execute(*signal_query(key, payload, keep)).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 class Producer:
@@ -236,6 +272,10 @@ class Producer:
     def graph(self, msg_id: int) -> list[GraphRow]:
         """`graph`."""
         return [GraphRow(*row) for row in self._rows(*graph_query(msg_id))]
+
+    def signal(self, key: str, payload: Any = None, keep: Seconds | None = None) -> int:
+        """`signal`, committed."""
+        return int(self._run(*signal_query(key, payload, keep)))
 
     def close(self) -> None:
         if self._conn is not None:
@@ -384,3 +424,47 @@ def graph_query(msg_id: int) -> tuple[str, list[Any]]:
         " FROM pgqueue.pgq_graph(msg_id => %s::bigint)"
     )
     return sql, [msg_id]
+
+
+def park_query(
+    message: Message,
+    key: str,
+    timeout: Seconds,
+    payload: Any,
+    on_timeout: OnTimeout | None,
+    queue: str | None,
+) -> tuple[str, list[Any]]:
+    if not isinstance(message, Message):
+        raise TypeError(f"message must be a pgqueue.Message, not {type(message).__name__}")
+    check_park(key, on_timeout)
+    args: list[str] = [
+        "msg_id => %s::bigint",
+        "claim_token => %s::uuid",
+        "key => %s::text",
+        "timeout => %s::interval",
+    ]
+    params: list[Any] = [message.msg_id, message.claim_token, key, park_timeout(timeout)]
+    if payload is not None:
+        args.append("payload => %s::jsonb")
+        params.append(Jsonb(payload))
+    if on_timeout is not None:
+        args.append("on_timeout => %s::text")
+        params.append(on_timeout)
+    if queue is not None:
+        args.append("queue => %s::text")
+        params.append(queue)
+    return f"SELECT pgqueue.pgq_park({', '.join(args)})", params
+
+
+def signal_query(key: str, payload: Any, keep: Seconds | None) -> tuple[str, list[Any]]:
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    args: list[str] = ["key => %s::text"]
+    params: list[Any] = [key]
+    if payload is not None:
+        args.append("payload => %s::jsonb")
+        params.append(Jsonb(payload))
+    if keep is not None:
+        args.append("keep => %s::interval")
+        params.append(interval(keep, "keep"))
+    return f"SELECT pgqueue.pgq_signal({', '.join(args)})", params

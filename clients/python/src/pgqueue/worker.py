@@ -1,6 +1,6 @@
 """The worker: claims messages, runs a handler per message (at most `concurrency` at once, in
 threads), renews their leases while the handlers run (with the progress they report), acks
-(with what they return), nacks or fails them, stops gracefully and reconnects after
+(with what they return), nacks, fails or parks them, stops gracefully and reconnects after
 connection losses."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
-from .messages import Message, Seconds, backoff, error_text, interval, seconds, short
+from .messages import Message, Park, Seconds, backoff, error_text, interval, seconds, short
+from .producer import park_query
 
 log = logging.getLogger("pgqueue")
 
@@ -172,7 +173,12 @@ class Settings:
         )
 
     def finish_query(self, held: Held, outcome: str, error: str | None, result: Any = None) -> tuple[str, list[Any]]:
+        """The call that finishes `held` by `outcome`: 'ack' (with `result`, if not None),
+        'nack', 'fail', 'give_back', or 'park' (`result` is then the handler's `Park`)."""
         m = held.message
+        if outcome == "park":
+            assert isinstance(result, Park)
+            return park_query(m, result.key, result.timeout, result.payload, result.on_timeout, self.queue)
         if outcome == "ack":
             # A result only when the handler returned one (a server before 0.16.0 has none).
             if result is not None:
@@ -226,6 +232,12 @@ class Held:
         # lease counted from the statement's start: if the wait spent much of it, renew at once.
         return cls(message, granted, now + left - granted * 2 / 3)
 
+    def renewable(self, now: float) -> bool:
+        """Due for renewal: still held, running or finishing, not parked by its handler."""
+        return (
+            not self.lost and self.state != "given_back" and not self.message._parked.is_set() and self.renew_at <= now
+        )
+
     def renewed(self, now: float) -> None:
         self.renew_at = now + self.lease / 3
 
@@ -262,6 +274,22 @@ def put_back(held: list[Held], progress: list[Any]) -> None:
     for h, p in zip(held, progress, strict=True):
         if p is not None:
             h.message._progress.put_back(p)
+
+
+def refused_park(held: Held, exc: Exception) -> str:
+    """A park the server refused (a bad key or timeout, a payload too large or not JSON, a server
+    before 0.18.0): the message is nacked instead, with the error, so that it is not lost."""
+    log.error("message %d: its park was refused (%s); nacking it", held.message.msg_id, short(exc))
+    return f"pgqueue.Park refused: {short(exc)}"
+
+
+def parked(held: Held) -> bool:
+    """Whether the handler parked its message itself (`pgqueue.park`): its claim ended, so there
+    is nothing left to renew, finish or give back."""
+    if held.message._parked.is_set():
+        log.debug("message %d was parked by its handler; nothing to finish", held.message.msg_id)
+        return True
+    return False
 
 
 def fenced_false(what: str, held: Held) -> None:
@@ -325,8 +353,9 @@ class Worker:
     A handler that returns acks its message, with what it returned (if not None, anything
     JSON can hold) as the message's result; one that raises nacks it with the exception's
     type and text (retried after `retry_in`, or the server's backoff), or fails it (dead
-    letter at once) if the exception is an instance of one of `non_retryable`. Progress a
-    handler reports (`message.report_progress`) goes with the next lease renewal.
+    letter at once) if the exception is an instance of one of `non_retryable`; one that raises
+    `Park` parks it until a signal (pgqueue 0.18.0 or later). Progress a handler reports
+    (`message.report_progress`) goes with the next lease renewal.
     """
 
     def __init__(
@@ -509,6 +538,9 @@ class Worker:
             outcome, error, result = "ack", None, None
             try:
                 result = self._handler(held.message)
+            except Park as park:
+                outcome, result = "park", park
+                log.info("message %d (attempt %d): %s", held.message.msg_id, held.message.attempt, park)
             except BaseException as exc:  # noqa: BLE001 - every failure is reported to the server
                 error = error_text(exc)
                 outcome = "fail" if isinstance(exc, self.settings.non_retryable) else "nack"
@@ -531,11 +563,16 @@ class Worker:
     def _call_until_done(self, held: Held, outcome: str, error: str | None, result: Any) -> None:
         """One finishing call, tried again through connection losses (with the same token: if
         the claim was lost meanwhile, the fence makes it change nothing)."""
+        if parked(held):
+            return
         failures = 0
         while True:
             try:
                 rows = self._link.fetch(*self.settings.finish_query(held, outcome, error, result))
             except REFUSED as exc:
+                if outcome == "park":
+                    outcome, error, result = "nack", refused_park(held, exc), None
+                    continue
                 if result is None:
                     log.error("%s of message %d failed: %s", outcome, held.message.msg_id, exc)
                     return
@@ -559,6 +596,9 @@ class Worker:
                 self._done.wait(pause)
                 continue
             except psycopg.Error as exc:
+                if outcome == "park":
+                    outcome, error, result = "nack", refused_park(held, exc), None
+                    continue
                 log.error("%s of message %d failed: %s", outcome, held.message.msg_id, exc)
                 return
             if not rows[0][0]:
@@ -571,7 +611,7 @@ class Worker:
         while not self._done.wait(0.1):
             now = time.monotonic()
             with self._changed:
-                due = [h for h in self._held.values() if not h.lost and h.state != "given_back" and h.renew_at <= now]
+                due = [h for h in self._held.values() if h.renewable(now)]
             if due:
                 self._renew(due)
 
@@ -626,6 +666,9 @@ class Worker:
         self._link.drop()
 
     def _give_back(self, held: Held) -> None:
+        if parked(held):
+            self._forget(held)
+            return
         for attempt in range(3):
             try:
                 rows = self._link.fetch(*self.settings.finish_query(held, "give_back", None))
