@@ -249,6 +249,14 @@ fn bad_dependencies_are_refused_and_change_nothing() {
         let sql = sql.replace("$2", &p.to_string());
         assert_eq!(sqlstate(c.query(&sql, &[&q])), code, "{sql}");
     }
+    // A parent of a queue dropped since is gone with it.
+    let doomed = new_queue(&mut c, "");
+    let gone = send(&mut c, &doomed, json!({}));
+    c.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&doomed]).unwrap();
+    assert_eq!(
+        sqlstate(c.query("SELECT pgqueue.pgq_send($1, '{}', after => ARRAY[$2::bigint])", &[&q, &gone])),
+        "23503"
+    );
     // A parent sent by a transaction not committed yet does not exist yet.
     let mut sender = connect();
     let mut tx = sender.transaction().unwrap();
