@@ -55,13 +55,16 @@ static FOLLOW: Statement = Statement {
 /// Pending messages of $1 none of whose parents holds them back (unfinished, or failed under
 /// a policy other than 'run': those are FAILED's): claimable now (delayed until their due
 /// time, if they have one), but those another transaction holds (see `cascade`).
-/// Returns the ids released. The links are read from the highest parent down, and the first
+/// Returns the ids released. A pending message always has links, and one without any is
+/// left waiting: a restore that loads the messages before the links would release them all.
+/// The links are read from the highest parent down, and the first
 /// that holds the child back ends the read: parents are acked in about the order they were
 /// sent, so in a fan-in the one just acked is rarely the last, and the highest still waits.
 static RELEASE: Statement = Statement {
     sql: c"WITH done AS (
                SELECT m.msg_id FROM pgqueue.messages m
                 WHERE m.msg_id = ANY ($1) AND m.state = 'pending'
+                  AND EXISTS (SELECT FROM pgqueue.dependencies d WHERE d.child = m.msg_id)
                   AND (SELECT d.parent FROM pgqueue.dependencies d
                         WHERE d.child = m.msg_id
                           AND (d.parent_outcome IS NULL
@@ -103,12 +106,14 @@ static LOCK_CHILDREN: Statement = Statement {
     args: &[INT8ARRAYOID],
 };
 
-/// Links whose child is no longer in the queue and that its finish could not remove (see
-/// FOLLOW), at most 1,000.
+/// Links whose child finished (it is in the history, no longer in the queue) and that its
+/// finish could not remove (see FOLLOW), at most 1,000. Only those: while a restore loads the
+/// links before the messages, every child seems gone from the queue.
 static ORPHANS: Statement = Statement {
     sql: c"DELETE FROM pgqueue.dependencies d
             WHERE d.ctid = ANY (ARRAY(SELECT l.ctid FROM pgqueue.dependencies l
                                        WHERE NOT EXISTS (SELECT FROM pgqueue.messages m WHERE m.msg_id = l.child)
+                                         AND EXISTS (SELECT FROM pgqueue.history h WHERE h.msg_id = l.child)
                                        LIMIT 1000 FOR UPDATE SKIP LOCKED))",
     args: &[],
 };
