@@ -277,6 +277,49 @@ fn bad_dependencies_are_refused_and_change_nothing() {
     );
 }
 
+/// A restore loads the links and the messages one table after the other, and the worker may
+/// tick in between: links whose child is not loaded yet are not orphans, and a pending message
+/// whose links are not loaded yet is not done waiting. Both halves, with a tick that collects.
+#[test]
+fn a_tick_between_a_restores_tables_neither_collects_links_nor_releases_children() {
+    let mut c = connect();
+    let q = new_queue(&mut c, "");
+    let p = send(&mut c, &q, json!({}));
+    let child = send_after(&mut c, &q, &[p], "cancel");
+    // Links loaded, their child not yet: a link to an id in neither the queue nor the history.
+    let unloaded = p + 1_000_000_000;
+    c.execute(
+        "INSERT INTO pgqueue.dependencies (parent, child, on_parent_failure) VALUES ($1, $2, 'cancel')",
+        &[&p, &unloaded],
+    )
+    .unwrap();
+    // The child loaded, its links not yet.
+    c.execute("DELETE FROM pgqueue.dependencies WHERE child = $1", &[&child]).unwrap();
+    // A full tick that collects (the prune cadence is due).
+    c.batch_execute("UPDATE pgqueue.worker_state SET last_prune_at = NULL").unwrap();
+    let failed: i64 = c.query_one("SELECT count(*) FROM pgqueue.pgq_tick()", &[]).unwrap().get(0);
+    assert_eq!(failed, 0);
+    assert_eq!(
+        c.query_one("SELECT count(*) FROM pgqueue.dependencies WHERE child = $1", &[&unloaded])
+            .unwrap()
+            .get::<_, i64>(0),
+        1,
+        "a link whose child is not loaded yet is kept"
+    );
+    assert_eq!(state(&mut c, child).as_deref(), Some("pending"), "a child whose links are not loaded yet waits");
+    // The rest of the restore arrives: the child's link, and the parent's ack releases it.
+    c.execute("DELETE FROM pgqueue.dependencies WHERE child = $1", &[&unloaded]).unwrap();
+    c.execute(
+        "INSERT INTO pgqueue.dependencies (parent, child, on_parent_failure) VALUES ($1, $2, 'cancel')",
+        &[&p, &child],
+    )
+    .unwrap();
+    let (id, token) = claim_one(&mut c, &q, None).held();
+    assert_eq!(id, p);
+    assert!(c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get::<_, bool>(0));
+    assert_eq!(state(&mut c, child).as_deref(), Some("ready"));
+}
+
 /// A child sent while its parent is being acked, in every order: never left pending once
 /// both committed (no worker needed: the send and the ack see each other).
 #[test]
