@@ -14,7 +14,7 @@
 
 use crate::finish::{self, Moved};
 use crate::statement::Statement;
-use pgrx::pg_sys::{self, INT4OID, INT8ARRAYOID, INT8OID, TEXTARRAYOID};
+use pgrx::pg_sys::{self, BOOLOID, INT4OID, INT8ARRAYOID, INT8OID, TEXTARRAYOID};
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -55,8 +55,9 @@ static FOLLOW: Statement = Statement {
 /// Pending messages of $1 none of whose parents holds them back (unfinished, or failed under
 /// a policy other than 'run': those are FAILED's): claimable now (delayed until their due
 /// time, if they have one), but those another transaction holds (see `cascade`).
-/// Returns the ids released. A pending message always has links, and one without any is
-/// left waiting: a restore that loads the messages before the links would release them all.
+/// Returns the ids released. A pending message always has links, and with $2 one without any
+/// is left waiting: a restore that loads the messages before the links would release them all
+/// to the tick (a finish's candidates are children of the links it just marked).
 /// The links are read from the highest parent down, and the first
 /// that holds the child back ends the read: parents are acked in about the order they were
 /// sent, so in a fan-in the one just acked is rarely the last, and the highest still waits.
@@ -64,7 +65,7 @@ static RELEASE: Statement = Statement {
     sql: c"WITH done AS (
                SELECT m.msg_id FROM pgqueue.messages m
                 WHERE m.msg_id = ANY ($1) AND m.state = 'pending'
-                  AND EXISTS (SELECT FROM pgqueue.dependencies d WHERE d.child = m.msg_id)
+                  AND (NOT $2 OR EXISTS (SELECT FROM pgqueue.dependencies d WHERE d.child = m.msg_id))
                   AND (SELECT d.parent FROM pgqueue.dependencies d
                         WHERE d.child = m.msg_id
                           AND (d.parent_outcome IS NULL
@@ -84,7 +85,7 @@ static RELEASE: Statement = Statement {
                  FROM freed f GROUP BY f.queue, f.state, f.priority
            )
            SELECT f.msg_id FROM freed f, (SELECT count(*) FROM noted) n ORDER BY f.msg_id",
-    args: &[INT8ARRAYOID],
+    args: &[INT8ARRAYOID, BOOLOID],
 };
 
 /// Of the pending messages $1, those with a parent that failed and a policy other than 'run':
@@ -192,7 +193,7 @@ fn cascade(mut work: VecDeque<Moved>, mut failing: Failing) {
     if !released_maybe.is_empty() {
         released_maybe.sort_unstable();
         released_maybe.dedup();
-        let released = release(&released_maybe);
+        let released = release(&released_maybe, false);
         // Still waiting here: for a parent whose finish commits with this one, or held by
         // another transaction.
         LATER.with_borrow_mut(|later| {
@@ -222,8 +223,9 @@ fn failing_among(ids: &[i64]) -> Failing {
 }
 
 /// Releases those of `candidates` whose parents are all done; returns them, sorted.
-fn release(candidates: &[i64]) -> Vec<i64> {
-    let rows = RELEASE.run(&[candidates.to_vec().into_datum()]);
+/// With `linked_only`, a candidate without any link waits (see RELEASE).
+fn release(candidates: &[i64], linked_only: bool) -> Vec<i64> {
+    let rows = RELEASE.run(&[candidates.to_vec().into_datum(), linked_only.into_datum()]);
     (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect()
 }
 
@@ -262,7 +264,7 @@ pub fn check_pending(window: Option<i32>, collect: bool) -> i64 {
         let (handed, lost) = take_handed();
         if !handed.is_empty() {
             cascade(VecDeque::new(), failing_among(&handed));
-            released += release(&handed).len() as i64;
+            released += release(&handed, true).len() as i64;
         }
         let Some(max_rows) = window.or(lost.then_some(1000)) else {
             forget();
@@ -285,7 +287,7 @@ pub fn check_pending(window: Option<i32>, collect: bool) -> i64 {
                 drop(found);
                 let lost_parents = Moved { ids: vec![], parents, children: vec![] };
                 cascade(VecDeque::from([lost_parents]), failing_among(&ids));
-                released += release(&ids).len() as i64;
+                released += release(&ids, true).len() as i64;
             }
             if !(lost && full) {
                 // What this check left (held by another transaction) is not handed back to
