@@ -124,9 +124,7 @@ DECLARE
     resumed bigint;
 BEGIN
     PERFORM pgqueue._check_park_key(key);
-    IF pgqueue._require(keep, 'keep') < interval '0' OR keep > interval '365 days' THEN
-        PERFORM pgqueue._invalid('keep', pg_catalog.format('%s is not between 0 and 365 days', keep));
-    END IF;
+    PERFORM pgqueue._check_delay(pgqueue._require(keep, 'keep'), 'keep');
     IF payload IS NOT NULL THEN
         PERFORM pgqueue._check_reports(ARRAY[payload], 1, 'payload');
     END IF;

@@ -248,11 +248,17 @@ fn fire_schedules(bracket: Bracket, out: &mut Outcome) {
 /// Unique-job keys whose hold has ended, 10,000 a transaction while batches come back full,
 /// within the rescue pass budget.
 fn expire_keys(bracket: Bracket, out: &mut Outcome) {
-    const BATCH: i64 = 10_000;
+    in_batches(bracket, out, "keys", "SELECT pgqueue._expire_dedup_keys(10000)", 10_000, "keys_expired");
+}
+
+/// Runs `sql` (a batch of at most `batch` rows, returning how many it handled) as step `name`
+/// while batches come back full, within the pass budget (the other steps must not starve),
+/// adding what each handled to `counter`.
+fn in_batches(bracket: Bracket, out: &mut Outcome, name: &'static str, sql: &'static str, batch: i64, counter: &str) {
     let start = Instant::now();
-    while let Some(n) = step(bracket, out, "keys", || one("SELECT pgqueue._expire_dedup_keys(10000)")) {
-        out.add("keys_expired", n);
-        if n < BATCH || start.elapsed() >= guc::rescue_pass_budget() {
+    while let Some(n) = step(bracket, out, name, || one(sql)) {
+        out.add(counter, n);
+        if n < batch || start.elapsed() >= guc::rescue_pass_budget() {
             break;
         }
     }
@@ -419,18 +425,10 @@ fn check_pending(bracket: Bracket, out: &mut Outcome, window: Option<i32>, colle
     }
 }
 
-/// Parked messages whose timeout passed, in batches while a batch comes back full (within the
-/// pass budget: the other steps must not starve); with `collect`, park keys no longer in use
-/// (at the prune cadence).
+/// Parked messages whose timeout passed, in batches; with `collect`, park keys no longer in
+/// use (at the prune cadence).
 fn end_parks(bracket: Bracket, out: &mut Outcome, collect: bool) {
-    const BATCH: i64 = 1_000;
-    let start = Instant::now();
-    while let Some(n) = step(bracket, out, "park", || one("SELECT pgqueue._expire_parks(1000)")) {
-        out.add("park_timeouts", n);
-        if n < BATCH || start.elapsed() >= guc::rescue_pass_budget() {
-            break;
-        }
-    }
+    in_batches(bracket, out, "park", "SELECT pgqueue._expire_parks(1000)", 1_000, "park_timeouts");
     if collect {
         step(bracket, out, "park", || one("SELECT pgqueue._collect_park_keys(10000)"));
     }
