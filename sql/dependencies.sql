@@ -19,9 +19,11 @@ BEGIN
     IF pg_catalog.cardinality(after) > 10000 THEN
         PERFORM pgqueue._invalid('after', pg_catalog.format('%s parents; at most 10000', pg_catalog.cardinality(after)));
     END IF;
-    IF pg_catalog.cardinality(after) > 1
-       AND pg_catalog.cardinality(after) <> (SELECT count(DISTINCT p) FROM pg_catalog.unnest(after) p) THEN
-        PERFORM pgqueue._invalid('after', 'a parent is listed twice');
+    -- Nested: an IF with a subquery is a query of its own, which one parent need not run.
+    IF pg_catalog.cardinality(after) > 1 THEN
+        IF pg_catalog.cardinality(after) <> (SELECT count(DISTINCT p) FROM pg_catalog.unnest(after) p) THEN
+            PERFORM pgqueue._invalid('after', 'a parent is listed twice');
+        END IF;
     END IF;
 END
 $$;

@@ -140,6 +140,7 @@ DECLARE
     due timestamptz;
     id bigint;
     holder bigint;
+    linked record;  -- what _depend found
     waits boolean;
     failed_parent bigint;
     failed_outcome text;
@@ -165,7 +166,11 @@ BEGIN
     due := CASE WHEN delay > interval '0' THEN now() + delay END;
     IF pg_catalog.cardinality(after) > 0 THEN
         id := coalesce(id, pg_catalog.nextval('pgqueue.messages_msg_id_seq'));
-        SELECT * INTO waits, failed_parent, failed_outcome FROM pgqueue._depend(ARRAY[id], after, on_parent_failure);
+        -- An assignment, not SELECT … FROM: PL/pgSQL evaluates a lone call without a query.
+        linked := pgqueue._depend(ARRAY[id], after, on_parent_failure);
+        waits := linked.waits;
+        failed_parent := linked.failed_parent;
+        failed_outcome := linked.failed_outcome;
     END IF;
     -- With parents not finished yet, pending (delayed or ready when they have completed).
     st := CASE WHEN waits THEN 'pending' WHEN due IS NULL THEN 'ready' ELSE 'delayed' END;

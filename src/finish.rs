@@ -19,6 +19,10 @@ use std::ffi::CStr;
 /// one's is free at once). Announces what left each state (pgqueue._note, applied at commit).
 /// Returns each moved message with its outcome, whether children were sent after it
 /// (`has_dependents`) and whether it had parents (dependencies.rs takes it from there).
+/// `noted` is read in the WHERE clause: an uncorrelated subquery there runs once (an
+/// initplan); joined as a FROM item it ran again for every row (quadratic in 0.17.0 and
+/// 0.18.0, where `kept` was joined too). `kept`, like every data-modifying CTE, runs to
+/// completion unread.
 /// Earlier releases' tables lack columns: `$progress`, `$dependents` and `$after` read the
 /// message's, and `$kept` and `$values` the history's extra columns, as the layout has them.
 macro_rules! to_history {
@@ -71,7 +75,7 @@ macro_rules! to_history {
                SELECT pgqueue._note(g.queue, count(*), g.state, g.outcome) FROM gone g GROUP BY g.queue, g.state, g.outcome
            )
            SELECT g.msg_id, g.outcome, g.has_dependents, g.after IS NOT NULL
-             FROM gone g, (SELECT count(*) FROM noted) n, (SELECT count(*) FROM kept) k ORDER BY g.msg_id\0"
+             FROM gone g WHERE (SELECT count(*) FROM noted) >= 0 ORDER BY g.msg_id\0"
                 )
                 .as_bytes(),
             ) {

@@ -21,6 +21,7 @@ mod drop_database;
 mod finish;
 mod guc;
 mod legacy;
+mod message_rules;
 mod outcome_wait;
 mod partition_files;
 mod pending;
@@ -36,7 +37,7 @@ mod tick_counts;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.18.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.19.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -61,6 +62,36 @@ fn pgq_version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
+/// `pgqueue._message_ok`, the CHECK of `pgqueue.messages` (sql/schema.sql): message_rules.rs.
+/// Not strict: a NULL column is an answer, not an unknown.
+#[pg_extern(sql = false)]
+#[allow(clippy::too_many_arguments)]
+fn _message_ok(
+    state: Option<&str>,
+    priority: Option<i16>,
+    visible_at: Option<TimestampWithTimeZone>,
+    claim_token: Option<pgrx::Uuid>,
+    lease_expires_at: Option<TimestampWithTimeZone>,
+    session_pid: Option<i32>,
+    cancel_requested_at: Option<TimestampWithTimeZone>,
+    after: Option<pgrx::AnyArray>,
+    park_key: Option<&str>,
+    park_until: Option<TimestampWithTimeZone>,
+) -> bool {
+    let (Some(state), Some(priority)) = (state, priority) else { return false };
+    let set = message_rules::Set {
+        visible_at: visible_at.is_some(),
+        claim_token: claim_token.is_some(),
+        lease_expires_at: lease_expires_at.is_some(),
+        session_pid: session_pid.is_some(),
+        cancel_requested_at: cancel_requested_at.is_some(),
+        after: after.is_some(),
+        park_key: park_key.is_some(),
+        park_until: park_until.is_some(),
+    };
+    message_rules::valid(state, priority, set)
+}
+
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
@@ -73,7 +104,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.18.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.19.0".into())));
     }
 
     /// `\df+`, `\dv+` and `\dt+` describe every public function, every view and every table

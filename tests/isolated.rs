@@ -18,6 +18,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 struct Nested {
     buffers: i64,
     indexes: Vec<String>,
+    plan: Value,
 }
 
 fn walk(plan: &Value, indexes: &mut Vec<String>) {
@@ -56,7 +57,7 @@ fn explain_nested(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, sql: &str, 
                 plan["Shared Hit Blocks"].as_i64().unwrap_or(0) + plan["Shared Read Blocks"].as_i64().unwrap_or(0);
             let mut indexes = vec![];
             walk(plan, &mut indexes);
-            found = Some(Nested { buffers, indexes });
+            found = Some(Nested { buffers, indexes, plan: plan.clone() });
         }
         let found = found.unwrap_or_else(|| panic!("no plan logged for a statement with {marks:?}"));
         if best.as_ref().is_none_or(|b| found.buffers < b.buffers) {
@@ -64,6 +65,17 @@ fn explain_nested(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, sql: &str, 
         }
     }
     best.unwrap()
+}
+
+/// The rows the plan's CTE scans read, over all their loops (those their filters removed too).
+fn cte_rows_read(plan: &Value) -> f64 {
+    let loops = plan["Actual Loops"].as_f64().unwrap_or(0.0);
+    let own = if plan["Node Type"] == "CTE Scan" {
+        (plan["Actual Rows"].as_f64().unwrap_or(0.0) + plan["Rows Removed by Filter"].as_f64().unwrap_or(0.0)) * loops
+    } else {
+        0.0
+    };
+    own + plan.get("Plans").and_then(Value::as_array).into_iter().flatten().map(cte_rows_read).sum::<f64>()
 }
 
 /// The claim statement of one `pgq_claim($1, 1)` (it must claim a message).
@@ -541,4 +553,27 @@ fn claims_are_not_jit_compiled() {
         let (_, jitted) = compiled(&mut c, "SELECT count(*) FROM pgqueue.messages WHERE queue = $1");
         assert!(jitted > 0, "a statement of the session is compiled: the check sees JIT");
     }
+}
+
+#[test]
+fn an_ack_reads_each_finished_row_a_bounded_number_of_times() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut c, notices) = explaining_session("");
+    let q = unique_queue("finish_rows");
+    c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
+    let n = 200;
+    let payloads: Vec<Value> = (0..n).map(|i| json!({ "i": i })).collect();
+    c.execute("SELECT pgqueue.pgq_send_batch($1, $2)", &[&q, &payloads]).unwrap();
+    c.execute("SELECT count(*) FROM pgqueue.pgq_claim($1, $2, '1 hour')", &[&q, &n]).unwrap();
+    let ack = "SELECT count(*) FROM pgqueue.pgq_ack(
+                   (SELECT array_agg(msg_id ORDER BY msg_id) FROM pgqueue.messages WHERE queue = $1),
+                   (SELECT array_agg(claim_token ORDER BY msg_id) FROM pgqueue.messages WHERE queue = $1))";
+    let finish =
+        explain_nested(&mut c, &notices, ack, &q, ["DELETE FROM pgqueue.messages", "INSERT INTO pgqueue.history"]);
+    let read = cte_rows_read(&finish.plan);
+    // The statement reads the finished rows once per use (the unique-key steps, history,
+    // the shared-state note, the result); a subquery run again for each row (0.17.0 and
+    // 0.18.0) read them n times each.
+    assert!(read >= n as f64, "the plan read {read} rows of its CTEs: was the finish statement found?");
+    assert!(read <= 6.0 * n as f64, "an ack of {n} messages read {read} rows of its CTEs: {:#}", finish.plan);
 }

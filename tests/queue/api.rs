@@ -586,15 +586,32 @@ fn transactions() {
 #[test]
 fn state_list_matches_the_check_constraint() {
     let mut c = connect();
-    // The states the code uses, and the states the CHECK allows, must be the same set.
+    // The states the code uses, and the states the CHECK allows, must be the same set: each
+    // is allowed in its plain shape (src/message_rules.rs), and no other word is.
     let code_states = ["claimed", "delayed", "parked", "pending", "ready"];
     let def: String = c
-        .query_one("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'messages_state_check'", &[])
+        .query_one("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'messages_state_rules'", &[])
         .unwrap()
         .get(0);
-    let mut allowed: Vec<String> = def.split('\'').skip(1).step_by(2).map(String::from).collect();
-    allowed.sort();
-    assert_eq!(allowed, code_states);
+    assert!(def.contains("_message_ok(state, priority"), "{def}");
+    let allowed = |c: &mut Client, state: &str| -> bool {
+        c.query_one(
+            "SELECT pgqueue._message_ok($1, 0::smallint,
+                        CASE WHEN $1 = 'delayed' THEN now() END, CASE WHEN $1 = 'claimed' THEN gen_random_uuid() END,
+                        CASE WHEN $1 = 'claimed' THEN now() END, NULL, NULL,
+                        CASE WHEN $1 = 'pending' THEN '{1}'::bigint[] END, CASE WHEN $1 = 'parked' THEN 'k' END,
+                        CASE WHEN $1 = 'parked' THEN now() END)",
+            &[&state],
+        )
+        .unwrap()
+        .get(0)
+    };
+    for state in code_states {
+        assert!(allowed(&mut c, state), "{state} refused");
+    }
+    for state in ["done", "Ready", "", "completed"] {
+        assert!(!allowed(&mut c, state), "{state} allowed");
+    }
     // Every state literal in the installed SQL functions is one of them.
     let bodies: Vec<String> = c
         .query("SELECT prosrc FROM pg_proc WHERE pronamespace = 'pgqueue'::regnamespace", &[])
