@@ -20,6 +20,7 @@ mod dispatch;
 mod drop_database;
 mod finish;
 mod guc;
+mod in_flight;
 mod legacy;
 mod message_rules;
 mod outcome_wait;

@@ -1,0 +1,304 @@
+//! Which messages of a queue are in flight, as pure logic: the shared-memory part of stage 1 of
+//! the write path (docs/design/write-path.md, "Stage 1 in detail"), where a claim no longer
+//! writes the message row. Not wired yet.
+//!
+//! A claim locks a message's row (`FOR UPDATE SKIP LOCKED`: a lock record, no new row version;
+//! its re-check sees a release or an ack that committed since the claim's snapshot) and then
+//! takes it by adding `(msg_id, attempt)` here under the table's lock, before it hands the
+//! message out; the entry stays until the release or finish of that attempt has committed
+//! (`end`), or goes when the claim rolls back. The row lock excludes claims under way; the set
+//! is what knows of committed ones, which wrote nothing to the row. While the set is
+//! **exact** an absent message is held by nobody. When it is not (a restart lost it, it filled
+//! up), "present" still means held, but "absent" means "ask the ledger", in a snapshot taken
+//! after the row lock (a claim that committed since the claim's own snapshot released that
+//! lock first), and claims add their messages here while there is room. The tick makes the
+//! set exact again from the claim ledger (`begin_rebuild`, `finish_rebuild`), refusing while
+//! a claim that could not add its messages is under way or committed meanwhile, and
+//! replaying the ends that committed while it read. Entries are keyed by attempt too, so an end that reaches here after the next
+//! claim of the same message (possible while the set is not exact) removes nothing of it.
+//!
+//! Losing all of it costs speed (ledger checks until the next rebuild), never a message: the
+//! tests below check, against a model of claims, commits, aborts, ends, restarts and
+//! rebuilds, that a message is never handed through the set while someone holds it.
+#![cfg_attr(not(test), allow(dead_code))]
+
+/// What `take` tells a claim, which holds the message's row lock, about the message.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Take {
+    /// Someone holds it (or a claim under way took it): pass it over.
+    Skip,
+    /// Nobody holds it: hand it out.
+    Free,
+    /// The set cannot vouch for it (not exact): hand it out only if no live ledger row holds
+    /// it, asked in a snapshot taken after the row lock; if one does, `untake` it.
+    Ask,
+    /// As `Ask`, and the set had no room for it. The claim must pass its count of these to
+    /// `commit` or `abort`.
+    AskUnrecorded,
+}
+
+/// A claim under way (a backend's transaction); never 0, which marks committed entries.
+pub type Owner = u32;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    /// 0: empty (msg_ids start at 1).
+    msg_id: i64,
+    attempt: i32,
+    /// The claim under way that took it; 0 once that claim committed.
+    owner: Owner,
+    /// When its lease ends (microseconds, like TimestampTz).
+    lease_end: i64,
+}
+
+/// Ends remembered while a rebuild reads the ledger.
+pub const END_LOG: usize = 256;
+
+/// One queue's messages in flight: an open-addressing table of `N` slots (a power of two),
+/// plain data for shared memory. The caller holds the table's lock for every call.
+#[repr(C)]
+pub struct InFlight<const N: usize> {
+    exact: bool,
+    len: usize,
+    slots: [Slot; N],
+    /// Claims under way that took messages the set had no room for.
+    unrecorded: u32,
+    /// Bumped by every restart and every `begin_rebuild`: a rebuild finishes only with the
+    /// number it began with.
+    epoch: u64,
+    rebuilding: bool,
+    /// The rebuild under way cannot finish: a claim the set does not know of committed, or
+    /// more ends than the log holds.
+    spoiled: bool,
+    ends: [(i64, i32); END_LOG],
+    nends: usize,
+    /// Counters for the views: takes that found no room, rebuilds refused.
+    pub overflows: u64,
+    pub refused: u64,
+}
+
+impl<const N: usize> Default for InFlight<N> {
+    fn default() -> Self {
+        assert!(N.is_power_of_two());
+        InFlight {
+            exact: false,
+            len: 0,
+            slots: [Slot::default(); N],
+            unrecorded: 0,
+            epoch: 0,
+            rebuilding: false,
+            spoiled: false,
+            ends: [(0, 0); END_LOG],
+            nends: 0,
+            overflows: 0,
+            refused: 0,
+        }
+    }
+}
+
+impl<const N: usize> InFlight<N> {
+    pub fn is_exact(&self) -> bool {
+        self.exact
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Shared memory lost (or the queue is new to it): nothing known until a rebuild.
+    pub fn restart(&mut self) {
+        let (overflows, refused, epoch) = (self.overflows, self.refused, self.epoch);
+        *self = InFlight::default();
+        self.overflows = overflows;
+        self.refused = refused;
+        self.epoch = epoch + 1;
+    }
+
+    /// A claim (`owner`) asks for `msg_id`, whose next attempt is `attempt`.
+    pub fn take(&mut self, owner: Owner, msg_id: i64, attempt: i32, lease_end: i64) -> Take {
+        debug_assert!(owner != 0 && msg_id > 0);
+        if self.find(msg_id).is_some() {
+            return Take::Skip;
+        }
+        if self.len == N {
+            // Claims through the row from now on, until a rebuild: the set cannot say that
+            // this message is held.
+            self.exact = false;
+            self.overflows += 1;
+            self.unrecorded += 1;
+            return Take::AskUnrecorded;
+        }
+        self.insert(Slot { msg_id, attempt, owner, lease_end });
+        if self.exact {
+            Take::Free
+        } else {
+            Take::Ask
+        }
+    }
+
+    /// The claim `owner` did not get `msg_id` after all (the ledger holds it).
+    pub fn untake(&mut self, owner: Owner, msg_id: i64) {
+        if let Some(i) = self.find(msg_id).filter(|&i| self.slots[i].owner == owner) {
+            self.remove_at(i);
+        }
+    }
+
+    /// `owner` committed (its messages are visible as claimed in the ledger).
+    pub fn commit(&mut self, owner: Owner, unrecorded: u32) {
+        for s in self.slots.iter_mut().filter(|s| s.msg_id != 0 && s.owner == owner) {
+            s.owner = 0;
+        }
+        self.settle(unrecorded);
+        if unrecorded > 0 && self.rebuilding {
+            // Committed after the rebuild's snapshot, perhaps: the set would miss it.
+            self.spoiled = true;
+        }
+    }
+
+    /// `owner` rolled back: its messages are free again.
+    pub fn abort(&mut self, owner: Owner, unrecorded: u32) {
+        let mut i = 0;
+        while i < N {
+            let s = self.slots[i];
+            if s.msg_id != 0 && s.owner == owner {
+                // The slot is refilled by the shift: look at it again.
+                self.remove_at(i);
+            } else {
+                i += 1;
+            }
+        }
+        self.settle(unrecorded);
+    }
+
+    fn settle(&mut self, unrecorded: u32) {
+        debug_assert!(self.unrecorded >= unrecorded);
+        self.unrecorded -= unrecorded;
+    }
+
+    /// The release or finish of `msg_id`'s `attempt` committed.
+    pub fn end(&mut self, msg_id: i64, attempt: i32) {
+        if let Some(i) = self.find(msg_id) {
+            if self.slots[i].attempt == attempt {
+                self.remove_at(i);
+            }
+        }
+        if self.rebuilding {
+            if self.nends == END_LOG {
+                self.spoiled = true;
+            } else {
+                self.ends[self.nends] = (msg_id, attempt);
+                self.nends += 1;
+            }
+        }
+    }
+
+    /// A lease renewed.
+    pub fn renew(&mut self, msg_id: i64, attempt: i32, lease_end: i64) {
+        if let Some(i) = self.find(msg_id).filter(|&i| self.slots[i].attempt == attempt) {
+            self.slots[i].lease_end = lease_end;
+        }
+    }
+
+    /// Committed claims whose lease ended before `now`: what the re-arm pass releases (exact
+    /// only while the set is; otherwise the pass asks the ledger).
+    pub fn expired(&self, now: i64) -> Vec<(i64, i32)> {
+        let mut out: Vec<_> = self
+            .slots
+            .iter()
+            .filter(|s| s.msg_id != 0 && s.owner == 0 && s.lease_end < now)
+            .map(|s| (s.msg_id, s.attempt))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// The tick starts reading the live claims from the ledger (in a snapshot taken after
+    /// this call). Returns the epoch to finish with, or None when the set is exact already.
+    pub fn begin_rebuild(&mut self) -> Option<u64> {
+        if self.exact {
+            return None;
+        }
+        self.epoch += 1;
+        self.rebuilding = true;
+        self.spoiled = false;
+        self.nends = 0;
+        Some(self.epoch)
+    }
+
+    /// The tick read `live` (committed claims not ended, as its snapshot saw them): adds them
+    /// but those ended since, and makes the set exact, unless that cannot be known to be
+    /// right. Returns whether the set is exact.
+    pub fn finish_rebuild(&mut self, epoch: u64, live: &[(i64, i32, i64)]) -> bool {
+        if !self.rebuilding || epoch != self.epoch {
+            return false;
+        }
+        self.rebuilding = false;
+        if self.spoiled || self.unrecorded > 0 {
+            self.refused += 1;
+            return false;
+        }
+        for &(msg_id, attempt, lease_end) in live {
+            if self.ends[..self.nends].contains(&(msg_id, attempt)) || self.find(msg_id).is_some() {
+                continue;
+            }
+            if self.len == N {
+                self.refused += 1;
+                return false;
+            }
+            self.insert(Slot { msg_id, attempt, owner: 0, lease_end });
+        }
+        self.exact = true;
+        true
+    }
+
+    fn home(msg_id: i64) -> usize {
+        // Fibonacci hashing: consecutive ids (the usual claim) spread over the table.
+        (msg_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize & (N - 1)
+    }
+
+    fn find(&self, msg_id: i64) -> Option<usize> {
+        let mut i = Self::home(msg_id);
+        for _ in 0..N {
+            match self.slots[i].msg_id {
+                0 => return None,
+                id if id == msg_id => return Some(i),
+                _ => i = (i + 1) & (N - 1),
+            }
+        }
+        None
+    }
+
+    fn insert(&mut self, slot: Slot) {
+        debug_assert!(self.len < N);
+        let mut i = Self::home(slot.msg_id);
+        while self.slots[i].msg_id != 0 {
+            i = (i + 1) & (N - 1);
+        }
+        self.slots[i] = slot;
+        self.len += 1;
+    }
+
+    /// Linear probing's deletion without tombstones: later entries of the same run move back
+    /// into the gap when their home allows it.
+    fn remove_at(&mut self, mut gap: usize) {
+        self.slots[gap] = Slot::default();
+        self.len -= 1;
+        let mut i = (gap + 1) & (N - 1);
+        while self.slots[i].msg_id != 0 {
+            let home = Self::home(self.slots[i].msg_id);
+            // Movable when its home is not in (gap, i], cyclically.
+            let dist_home = i.wrapping_sub(home) & (N - 1);
+            let dist_gap = i.wrapping_sub(gap) & (N - 1);
+            if dist_home >= dist_gap {
+                self.slots[gap] = self.slots[i];
+                self.slots[i] = Slot::default();
+                gap = i;
+            }
+            i = (i + 1) & (N - 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
