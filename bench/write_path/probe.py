@@ -341,11 +341,12 @@ def pgqueue(c, jobs):
         c.execute("SELECT pgqueue.pgq_ack(%s, %s)", (held[0], held[1]))
 
 
-def proto(c, jobs, claim_log, ack):
+def proto(c, jobs, claim_log, ack, lock=False):
     """claim_log: False (nothing written), True (a row per call), 'rows' (a row per message);
     ack: 'delete' (DELETE + INSERT history per message), 'log' (a done row per call) or 'rows'
-    (a done row per message)."""
+    (a done row per message); lock: the claim locks the rows it takes (FOR UPDATE SKIP LOCKED)."""
     start = 0
+    pick = "FOR UPDATE SKIP LOCKED" if lock else ""
 
     def round_():
         nonlocal start
@@ -354,7 +355,7 @@ def proto(c, jobs, claim_log, ack):
             r[0]
             for r in c.execute(
                 "SELECT msg_id FROM proto.messages WHERE queue = 'probe' AND msg_id > %s "
-                "ORDER BY priority DESC, msg_id LIMIT %s",
+                f"ORDER BY priority DESC, msg_id LIMIT %s {pick}",
                 (start, QTY),
             ).fetchall()
         ]
@@ -446,6 +447,7 @@ def main():
                 lambda n: in_place(c, n, "proto.reordered", False), ["proto.reordered"])
         measure(c, "A: claims off the row, DELETE + history", jobs, lambda n: proto(c, n, False, "delete"), p)
         measure(c, "B: A + a claim row per call", jobs, lambda n: proto(c, n, True, "delete"), p)
+        measure(c, "B + the claim's row locks (stage 1)", jobs, lambda n: proto(c, n, True, "delete", lock=True), p)
         c.execute("TRUNCATE proto.messages")
         measure(c, "C: claims off the row, a done row per call", jobs, lambda n: proto(c, n, False, "log"), p)
         c.execute("TRUNCATE proto.messages")
