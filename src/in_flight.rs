@@ -130,11 +130,7 @@ impl<const N: usize> InFlight<N> {
             return Take::AskUnrecorded;
         }
         self.insert(Slot { msg_id, attempt, owner, lease_end });
-        if self.exact {
-            Take::Free
-        } else {
-            Take::Ask
-        }
+        if self.exact { Take::Free } else { Take::Ask }
     }
 
     /// The claim `owner` did not get `msg_id` after all (the ledger holds it).

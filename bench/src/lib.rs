@@ -106,6 +106,14 @@ pub struct Sizes {
     /// numbers of parents; then `fan_in_runs` fan-ins of `fan_in_parents` parents acked by
     /// `fan_in_consumers`, each beside a control run of as many messages without dependents.
     pub dep_send_connections: Vec<usize>,
+    /// Bloat: consumers (no handler, claiming `harness_qty`, one call a round); the share of
+    /// the maximum rate (measured first for `bloat_calibrate`) the producer keeps to; how long
+    /// the run lasts and how often it samples the hot table.
+    pub bloat_consumers: usize,
+    pub bloat_share: f64,
+    pub bloat_calibrate: Duration,
+    pub bloat_for: Duration,
+    pub bloat_every: Duration,
     pub dep_send_calls: usize,
     pub dep_send_parents: Vec<usize>,
     pub fan_in_parents: i64,
@@ -169,6 +177,11 @@ impl Sizes {
             result_rounds: 150,
             result_poll: Duration::from_millis(10),
             dep_send_connections: vec![1, 4],
+            bloat_consumers: 16,
+            bloat_share: 0.8,
+            bloat_calibrate: Duration::from_secs(15),
+            bloat_for: Duration::from_secs(30 * 60),
+            bloat_every: Duration::from_secs(10),
             dep_send_calls: 1_000,
             dep_send_parents: vec![1, 10],
             fan_in_parents: 10_000,
@@ -233,6 +246,11 @@ impl Sizes {
             result_rounds: 2,
             result_poll: Duration::from_millis(10),
             dep_send_connections: vec![1, 2],
+            bloat_consumers: 2,
+            bloat_share: 0.8,
+            bloat_calibrate: Duration::from_millis(500),
+            bloat_for: Duration::from_secs(1),
+            bloat_every: Duration::from_millis(250),
             dep_send_calls: 10,
             dep_send_parents: vec![1, 10],
             fan_in_parents: 100,
@@ -262,6 +280,7 @@ pub struct Report {
     pub console: Vec<console_size::ConsolePage>,
     pub results: Vec<ResultLatency>,
     pub dependencies: Option<Dependencies>,
+    pub bloat: Vec<BloatRun>,
 }
 
 #[derive(Serialize, Clone)]
@@ -617,6 +636,33 @@ pub struct HarnessPoint {
     pub dead_rows: i64,
 }
 
+/// A long run at a steady rate below the maximum: does the hot table stay flat?
+#[derive(Serialize)]
+pub struct BloatRun {
+    pub system: String,
+    pub consumers: usize,
+    pub qty: i32,
+    /// Jobs/s as fast as producer and consumers go, and the producer's rate in the run.
+    pub max_jobs_per_s: f64,
+    pub rate: f64,
+    /// The most the producer keeps ready (it sends at `rate` while fewer are).
+    pub depth: i64,
+    pub samples: Vec<BloatSample>,
+}
+
+#[derive(Serialize)]
+pub struct BloatSample {
+    pub at_s: f64,
+    /// Jobs acked per second since the previous sample.
+    pub jobs_per_s: f64,
+    /// The hot table's live and dead rows (the statistics' counts), its size with indexes
+    /// and TOAST, and how many autovacuums have processed it since the server started.
+    pub live: i64,
+    pub dead: i64,
+    pub bytes: i64,
+    pub autovacuums: i64,
+}
+
 /// WAL and table sizes with a producer keeping the depth and consumers at full speed.
 #[derive(Serialize)]
 pub struct BytesPoint {
@@ -962,6 +1008,8 @@ struct FleetSpec {
     poll: Duration,
     depth: i64,
     batch: usize,
+    /// The most messages a second the producer sends (None: as fast as the depth allows).
+    rate: Option<f64>,
 }
 
 /// A producer keeping about `depth` messages ready (sent minus claimed, as the consumers
@@ -997,7 +1045,7 @@ struct Counts {
 
 impl Fleet {
     fn start(bench: &Bench, spec: FleetSpec) -> Fleet {
-        let FleetSpec { system, mode, consumers, qty, handler, wait, poll, depth, batch } = spec;
+        let FleetSpec { system, mode, consumers, qty, handler, wait, poll, depth, batch, rate } = spec;
         let stop = Arc::new(AtomicBool::new(false));
         let measuring = Arc::new(AtomicBool::new(false));
         let counter = || Arc::new(AtomicU64::new(0));
@@ -1018,9 +1066,15 @@ impl Fleet {
             let send = p.prepare(&send).unwrap();
             std::thread::spawn(move || {
                 let payloads: Vec<Value> = (0..batch as u64).map(payload).collect();
+                // At a rate: one batch per batch ÷ rate, late ones not made up for.
+                let every = rate.map(|r| Duration::from_secs_f64(batch as f64 / r));
+                let mut next = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
                     let ready = sent.load(Ordering::Relaxed) as i64 - claimed.load(Ordering::Relaxed) as i64;
-                    if ready < depth {
+                    if let Some(wait) = every.and_then(|_| next.checked_duration_since(Instant::now())) {
+                        std::thread::sleep(wait.min(Duration::from_millis(10)));
+                    } else if ready < depth {
+                        next = next.max(Instant::now()) + every.unwrap_or_default();
                         let t = Instant::now();
                         p.execute(&send, &[&payloads]).unwrap();
                         send_us.fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -1231,6 +1285,10 @@ impl Bench {
         }
         if wants("dependencies") {
             report.dependencies = Some(self.dependencies());
+        }
+        // Half an hour at full size: only when named.
+        if scenarios.contains(&"bloat") {
+            report.bloat = self.bloat();
         }
         report
     }
@@ -1631,6 +1689,7 @@ impl Bench {
                     poll: s.harness_poll,
                     depth: s.harness_depth,
                     batch: s.harness_batch,
+                    rate: None,
                 };
                 let fleet = Fleet::start(self, spec);
                 std::thread::sleep(s.harness_warmup);
@@ -1796,6 +1855,7 @@ impl Bench {
                         poll: s.harness_poll,
                         depth: s.harness_depth.max(consumers as i64 * i64::from(qty) * 2),
                         batch: s.harness_batch,
+                        rate: None,
                     };
                     let fleet = Fleet::start(self, spec);
                     std::thread::sleep(s.bytes_warmup);
@@ -1844,6 +1904,85 @@ impl Bench {
             }
         }
         points
+    }
+
+    /// The issue-26 bloat check: each system's maximum rate (producer and consumers at full
+    /// speed, no handler), then a long run with the producer held to a share of it, sampling
+    /// the hot table's live and dead rows and size. Default autovacuum settings.
+    fn bloat(&self) -> Vec<BloatRun> {
+        let s = &self.sizes;
+        let mut c = self.connect();
+        let (consumers, qty) = (s.bloat_consumers, self.harness_qty(s.bloat_consumers));
+        let mut runs = vec![];
+        for system in [System::Pgqueue, System::Baseline] {
+            let table = system.table();
+            let spec = FleetSpec {
+                system,
+                mode: Mode::OneCall,
+                consumers,
+                qty,
+                handler: Duration::ZERO,
+                wait: s.harness_wait,
+                poll: s.harness_poll,
+                depth: s.harness_depth,
+                batch: s.harness_batch,
+                rate: None,
+            };
+            let fresh = |c: &mut Client| {
+                self.reset(c);
+                c.batch_execute(&format!("VACUUM FULL {table}")).unwrap();
+                Self::vacuum(c);
+            };
+            self.say(&format!("bloat: {} at full speed, {consumers} consumers, qty {qty}", system.name()));
+            fresh(&mut c);
+            let fleet = Fleet::start(self, spec);
+            std::thread::sleep(s.harness_warmup);
+            let from = fleet.measure(true);
+            std::thread::sleep(s.bloat_calibrate);
+            let to = fleet.measure(false);
+            fleet.stop();
+            let max = (to.acked - from.acked) as f64 / to.at.duration_since(from.at).as_secs_f64();
+            let rate = (max * s.bloat_share).max(1.0);
+            self.say(&format!("bloat: {} at {rate:.0} jobs/s for {:?}", system.name(), s.bloat_for));
+            fresh(&mut c);
+            let fleet = Fleet::start(self, FleetSpec { rate: Some(rate), ..spec });
+            let start = Instant::now();
+            let (mut last, mut samples) = (fleet.counts(), vec![]);
+            while start.elapsed() < s.bloat_for {
+                std::thread::sleep(s.bloat_every);
+                let now = fleet.counts();
+                let row = c
+                    .query_one(
+                        &format!(
+                            "SELECT pg_stat_get_live_tuples(t), pg_stat_get_dead_tuples(t), pg_total_relation_size(t),
+                                    pg_stat_get_autovacuum_count(t)
+                               FROM (SELECT '{table}'::regclass AS t) x"
+                        ),
+                        &[],
+                    )
+                    .unwrap();
+                samples.push(BloatSample {
+                    at_s: start.elapsed().as_secs_f64(),
+                    jobs_per_s: (now.acked - last.acked) as f64 / now.at.duration_since(last.at).as_secs_f64(),
+                    live: row.get(0),
+                    dead: row.get(1),
+                    bytes: row.get(2),
+                    autovacuums: row.get(3),
+                });
+                last = now;
+            }
+            fleet.stop();
+            runs.push(BloatRun {
+                system: system.name().into(),
+                consumers,
+                qty,
+                max_jobs_per_s: max,
+                rate,
+                depth: s.harness_depth,
+                samples,
+            });
+        }
+        runs
     }
 
     /// pgbench's simple-update (-N) tps at the same client count: the commit-rate ceiling.

@@ -2,7 +2,7 @@
 //! created (`--dsn`), or against a throwaway one it starts itself (`--pg-config`).
 
 use clap::Parser;
-use pgqueue_bench::{Bench, Dependencies, Mode, Report, Sizes, ThroughputPoint, chart};
+use pgqueue_bench::{Bench, BloatRun, BloatSample, Dependencies, Mode, Report, Sizes, ThroughputPoint, chart};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -16,7 +16,8 @@ struct Args {
     #[arg(long)]
     pg_config: Option<PathBuf>,
     /// Scenarios: all, flatness, throughput, rescue, prune, renewals, enqueue, pinned, pickup,
-    /// schedules, unique, harness, bytes, cron, console, results, dependencies (comma-separated).
+    /// schedules, unique, harness, bytes, cron, console, results, dependencies (comma-separated);
+    /// bloat (half an hour at full size) only when named.
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Tiny sizes (seconds, not minutes).
@@ -61,6 +62,9 @@ struct Args {
     /// where the kernel has huge pages reserved, so that runs compare.
     #[arg(long, requires = "pg_config")]
     huge_pages: bool,
+    /// Bloat: minutes the steady run lasts, instead of the size's own (full: 30).
+    #[arg(long)]
+    bloat_for: Option<f64>,
     /// Where results.json and the charts (flatness.png, throughput.png, throughput-qty1.png) go.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -181,6 +185,9 @@ fn main() {
     }
     if let Some(depth) = args.harness_depth {
         sizes.harness_depth = depth;
+    }
+    if let Some(minutes) = args.bloat_for {
+        sizes.bloat_for = std::time::Duration::from_secs_f64(minutes * 60.0);
     }
     if let Some(list) = args.console_sizes {
         sizes.console_sizes = list
@@ -432,6 +439,9 @@ fn print(r: &Report) {
             );
         }
     }
+    for b in &r.bloat {
+        print_bloat(b);
+    }
     if let Some(d) = &r.dependencies {
         print_dependencies(d);
     }
@@ -509,6 +519,41 @@ fn print(r: &Report) {
             );
         }
     }
+}
+
+fn print_bloat(b: &BloatRun) {
+    println!(
+        "\nbloat: {}, {} consumers claiming {} (no handler), at full speed {:.0} jobs/s; the producer held to {:.0} jobs/s (ready capped at {}) for {:.0} s; default autovacuum settings",
+        b.system,
+        b.consumers,
+        b.qty,
+        b.max_jobs_per_s,
+        b.rate,
+        b.depth,
+        b.samples.last().map_or(0.0, |s| s.at_s)
+    );
+    println!(
+        "| at s | jobs/s | live rows | dead rows | dead ÷ depth cap | size MB | autovacuums |\n|---|---|---|---|---|---|---|"
+    );
+    for s in &b.samples {
+        println!(
+            "| {:.1} | {:.0} | {} | {} | {:.1} | {:.1} | {} |",
+            s.at_s,
+            s.jobs_per_s,
+            s.live,
+            s.dead,
+            s.dead as f64 / b.depth.max(1) as f64,
+            s.bytes as f64 / 1e6,
+            s.autovacuums
+        );
+    }
+    let most = |f: fn(&BloatSample) -> i64| b.samples.iter().map(f).max().unwrap_or(0);
+    println!(
+        "most dead rows {} ({:.1}× the depth cap; the target: at most 2×), largest size {:.1} MB",
+        most(|s| s.dead),
+        most(|s| s.dead) as f64 / b.depth.max(1) as f64,
+        most(|s| s.bytes) as f64 / 1e6
+    );
 }
 
 fn print_dependencies(d: &Dependencies) {

@@ -73,13 +73,27 @@ struct World {
 enum Op {
     Begin,
     /// Claim `pick` (among the open ones) tries message `msg`.
-    Take { pick: usize, msg: i64 },
-    Visible { pick: usize },
-    Callback { pick: usize },
-    Abort { pick: usize },
+    Take {
+        pick: usize,
+        msg: i64,
+    },
+    Visible {
+        pick: usize,
+    },
+    Callback {
+        pick: usize,
+    },
+    Abort {
+        pick: usize,
+    },
     /// The holder of a committed claim of `msg` releases it (`ack`: finishes it).
-    End { msg: i64, ack: bool },
-    EndCallback { pick: usize },
+    End {
+        msg: i64,
+        ack: bool,
+    },
+    EndCallback {
+        pick: usize,
+    },
     Restart,
     RebuildBegin,
     RebuildRead,

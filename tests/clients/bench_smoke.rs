@@ -10,7 +10,7 @@ fn every_scenario_runs_at_tiny_sizes() {
     let _turn = common::file_turn(file!());
     common::connect();
     let dsn = common::dsn();
-    let report = Bench::new(&dsn, Sizes::smoke(), false).run(&["all"]);
+    let report = Bench::new(&dsn, Sizes::smoke(), false).run(&["all", "bloat"]);
 
     let sizes = Sizes::smoke();
     assert_eq!(report.flatness.len(), 2 * (sizes.depths.len() + 1), "each depth, for both systems");
@@ -91,6 +91,20 @@ fn every_scenario_runs_at_tiny_sizes() {
     );
     // 2 systems x 2 batch sizes x 2 modes.
     assert_eq!(report.bytes.len(), 8);
+    // Bloat: both systems, the producer held below what it did at full speed, samples of a
+    // table that has rows.
+    assert_eq!(report.bloat.iter().map(|b| b.system.as_str()).collect::<Vec<_>>(), ["pgqueue", "baseline"]);
+    for b in &report.bloat {
+        assert!(
+            b.max_jobs_per_s > 0.0 && b.rate < b.max_jobs_per_s,
+            "{} at {} of {}",
+            b.system,
+            b.rate,
+            b.max_jobs_per_s
+        );
+        assert!(b.samples.len() >= 2 && b.samples.iter().all(|s| s.bytes > 0), "{}", b.system);
+        assert!(b.samples.iter().any(|s| s.jobs_per_s > 0.0), "{}", b.system);
+    }
     assert!(report.bytes.iter().all(|b| b.jobs > 0 && b.wal_per_job > 0.0 && b.hot_bytes_end > 0 && b.heap_bytes > 0));
     assert!(report.bytes.iter().all(|b| (b.system == "pgqueue") == b.history_bytes_end.is_some()));
     // Every page of the console at each size, each answered.
