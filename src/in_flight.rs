@@ -174,10 +174,8 @@ impl<const N: usize> InFlight<N> {
 
     /// The release or finish of `msg_id`'s `attempt` committed.
     pub fn end(&mut self, msg_id: i64, attempt: i32) {
-        if let Some(i) = self.find(msg_id) {
-            if self.slots[i].attempt == attempt {
-                self.remove_at(i);
-            }
+        if let Some(i) = self.find(msg_id).filter(|&i| self.slots[i].attempt == attempt) {
+            self.remove_at(i);
         }
         if self.rebuilding {
             if self.nends == END_LOG {

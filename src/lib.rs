@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 
 mod bracket;
 mod claim;
+mod claim_token;
 mod cron;
 mod dependencies;
 mod dispatch;
