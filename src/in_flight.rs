@@ -115,15 +115,16 @@ impl<const N: usize> InFlight<N> {
         self.epoch = epoch + 1;
     }
 
-    /// A claim (`owner`) asks for `msg_id`, whose next attempt is `attempt`.
+    /// A claim (`owner`), holding `msg_id`'s row lock, asks for it; `attempt` is the next one
+    /// by the locked row.
     pub fn take(&mut self, owner: Owner, msg_id: i64, attempt: i32, lease_end: i64) -> Take {
         debug_assert!(owner != 0 && msg_id > 0);
         if self.find(msg_id).is_some() {
             return Take::Skip;
         }
         if self.len == N {
-            // Claims through the row from now on, until a rebuild: the set cannot say that
-            // this message is held.
+            // Claims ask the ledger from now on, until a rebuild: the set cannot say that this
+            // message is held.
             self.exact = false;
             self.overflows += 1;
             self.unrecorded += 1;
