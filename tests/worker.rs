@@ -301,12 +301,14 @@ fn a_tick_whose_record_failed_is_recorded_with_the_next() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
     wait_for("a ticking worker", LIMIT, || Some(stat(&mut c, "pid")).filter(|&p| p != 0));
-    let (failures, ticks, rearmed) = (stat(&mut c, "tick_failures"), stat(&mut c, "ticks"), stat(&mut c, "rearmed"));
-    let id: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0);
-    c.execute("SELECT * FROM pgqueue.pgq_claim($1, lease => '100 ms')", &[&q]).unwrap();
+    // Lock the row before the claim: a slow machine may otherwise see the short lease re-armed
+    // and recorded before the lock is taken.
     let mut holder = connect();
     let mut tx = holder.transaction().unwrap();
     tx.execute("SELECT FROM pgqueue.worker_state FOR UPDATE", &[]).unwrap();
+    let (failures, ticks, rearmed) = (stat(&mut c, "tick_failures"), stat(&mut c, "ticks"), stat(&mut c, "rearmed"));
+    let id: i64 = c.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0);
+    c.execute("SELECT * FROM pgqueue.pgq_claim($1, lease => '100 ms')", &[&q]).unwrap();
     // The worker re-arms the claim, then waits 5 s for the row and gives up on this record.
     wait_for("the re-arm", LIMIT, || (state(&mut c, id).as_deref() == Some("ready")).then_some(()));
     std::thread::sleep(Duration::from_millis(6_000));
