@@ -269,7 +269,12 @@ pub fn recount_dead(queue: &str) {
 /// Takes `queue`'s history table's share lock (until the bracket ends) if the table exists
 /// once it is taken; false where it does not (the queue was dropped, or is being dropped
 /// and this waited for that to commit).
+///
+/// The whole history's (`pgqueue.history`) first: a DROP TABLE of a queue's history locks the
+/// parent before the child, and the count's plan locks the parent too (for the partition
+/// bound). Child first, a count and a `pgq_drop_queue` could each wait for the other.
 fn lock_history(queue: &str) -> bool {
+    Spi::run("LOCK TABLE ONLY pgqueue.history IN ACCESS SHARE MODE").unwrap_or_else(|e| error!("{e}"));
     let name = Spi::get_one_with_args::<String>("SELECT pgqueue._history_table($1)", &[queue.into()])
         .unwrap_or_else(|e| error!("{e}"));
     let Some(name) = name.and_then(|n| std::ffi::CString::new(n).ok()) else { return false };

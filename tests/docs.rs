@@ -151,7 +151,10 @@ fn run(name: &str, page: &Page) -> Vec<String> {
                 wrong.push(format!(
                     "{at}: {}  fails: {code} {}",
                     s.sql,
-                    e.as_db_error().map_or(e.to_string(), |d| d.message().into())
+                    e.as_db_error().map_or(e.to_string(), |d| match d.detail() {
+                        Some(detail) => format!("{} ({detail})", d.message()),
+                        None => d.message().into(),
+                    })
                 ));
             }
         }

@@ -908,3 +908,70 @@ fn counts_recounted_while_sessions_commit_equal_the_tables() {
         assert_eq!(shown, exact, "round {round}, seed {seed}");
     }
 }
+
+/// A queue dropped while the worker counts its dead letters: the drop waits for the count
+/// (or the count for the drop), and neither fails. A DROP TABLE of a queue's history locks
+/// `pgqueue.history` before the queue's own table; the count once took them the other way
+/// round, and the two deadlocked. Here a third session holds the queue's table so that the
+/// worker's count is caught between the two.
+#[test]
+fn a_queue_dropped_while_the_worker_counts_its_dead_letters_is_no_deadlock() {
+    let _serial = serial();
+    let mut c = connect();
+    let test_db: String = c.query_one("SELECT current_database()::text", &[]).unwrap().get(0);
+    let db = unique_queue("dropdb");
+    // No worker in the new database until the queue's table is held.
+    common::workers_only_in(&mut c, Some(&test_db));
+    c.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+    let mut owner = common::connect_to(&db);
+    owner.batch_execute("CREATE EXTENSION pgqueue").unwrap();
+    // No prune at the first tick (it reads every queue's history partitions itself).
+    owner.execute("UPDATE pgqueue.worker_state SET last_prune_at = now() + interval '1 hour'", &[]).unwrap();
+    let q = unique_queue("dropped");
+    owner.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap(); // its dead count is unknown: due
+    let table: String = owner.query_one("SELECT pgqueue._history_table($1)", &[&q]).unwrap().get(0);
+    let mut holder = common::connect_to(&db);
+    holder.batch_execute(&format!("BEGIN; LOCK TABLE ONLY pgqueue.{table} IN ACCESS EXCLUSIVE MODE")).unwrap();
+    common::workers_only_in(&mut c, None);
+    let waits = |c: &mut Client, backend: &str| -> bool {
+        c.query_one(
+            "SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                             WHERE a.datname = current_database() AND a.backend_type = $1 AND NOT l.granted)",
+            &[&backend],
+        )
+        .unwrap()
+        .get(0)
+    };
+    wait_for("the worker's count waiting for the queue's table", LIMIT, || {
+        waits(&mut owner, "pgqueue worker").then_some(())
+    });
+    let dropper = {
+        let (db, q) = (db.clone(), q.clone());
+        std::thread::spawn(move || {
+            let mut d = common::connect_to(&db);
+            d.batch_execute("SET application_name = 'dropper'").unwrap();
+            d.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q]).map(|_| ()).map_err(|e| format!("{e:?}"))
+        })
+    };
+    wait_for("the drop waiting", LIMIT, || {
+        let waiting: bool = owner
+            .query_one(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = 'dropper' AND wait_event_type = 'Lock')",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        waiting.then_some(())
+    });
+    holder.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(dropper.join().unwrap(), Ok(()), "the drop is no deadlock's victim");
+    // The worker's tick ended: its steps are counted.
+    let ticks = stat(&mut owner, "ticks");
+    wait_for("the worker's next tick", LIMIT, || (stat(&mut owner, "ticks") > ticks + 1).then_some(()));
+    assert_eq!(stat(&mut owner, "reconcile_failures"), 0, "the count is no deadlock's victim");
+    let gone: bool =
+        owner.query_one("SELECT to_regclass('pgqueue.' || quote_ident($1)) IS NULL", &[&table]).unwrap().get(0);
+    assert!(gone, "the queue's history is dropped");
+    drop((owner, holder));
+    c.batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).unwrap();
+}

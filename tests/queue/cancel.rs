@@ -374,7 +374,23 @@ fn cancels_racing_claims_acks_nacks_and_lease_ends_lose_nothing() {
         if left == 0 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "{left} messages never finished (seed {seed})");
+        if std::time::Instant::now() >= deadline {
+            // What is left, and whether a claim gets it now: enough to tell a lost wake-up
+            // from a message no claim can see.
+            let rows: Vec<String> = c
+                .query("SELECT to_jsonb(m)::text FROM pgqueue.messages m WHERE queue = $1", &[&q])
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let claimed: Vec<i64> = c
+                .query("SELECT msg_id FROM pgqueue.pgq_claim($1, 10)", &[&q])
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            panic!("{left} messages never finished (seed {seed}): {rows:?}; a claim now gets {claimed:?}");
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     for t in cancellers {
