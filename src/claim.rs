@@ -85,6 +85,7 @@ fn _take(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64) -> bool {
         return false;
     }
     HANDED.set(Some((key, priority, msg_id)));
+    HANDED_NOW.with_borrow_mut(|ids| ids.push(msg_id));
     // Rolled back, the row is claimable again: the hint comes back down to it, raised by
     // this claim or not (another claim may have raised it past the row and skipped it,
     // locked; dispatch/tests.rs has the case).
@@ -103,9 +104,25 @@ fn rollback_note(key: Key, priority: i16, msg_id: i64) {
     pending::record(note);
 }
 
+/// At commit, lowers `priority`'s hint to `msg_id`: this claim was handed the row, raising
+/// the hint past it, but another transaction held it locked. That one may leave it ready (a
+/// stale ack, nack or renew whose row changed under its snapshot keeps the lock it took
+/// until it ends, refused), and nothing else would bring the hint back to it before the
+/// tick's check.
+fn skipped_note(key: Key, priority: i16, msg_id: i64) {
+    let mut note = Note::new(key, Kind::Readied);
+    note.priority = priority;
+    note.low = msg_id;
+    note.high = msg_id;
+    note.count = 1;
+    pending::record(note);
+}
+
 thread_local! {
     /// The row `_take` last handed out in this process.
     static HANDED: std::cell::Cell<Option<(Key, i16, i64)>> = const { std::cell::Cell::new(None) };
+    /// The rows `_take` handed out during the current pick statement.
+    static HANDED_NOW: std::cell::RefCell<Vec<i64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Readers that keep one snapshot for the whole transaction may not see messages committed
@@ -366,6 +383,7 @@ fn pick(queue: &str, s: &Start, qty: i32) -> Vec<i64> {
     let mut picked = vec![];
     for &(priority, from) in hints {
         let want = qty - picked.len() as i32;
+        HANDED_NOW.with_borrow_mut(Vec::clear);
         let rows = PICK_FROM.run(&[
             queue.into_datum(),
             priority.into_datum(),
@@ -373,7 +391,17 @@ fn pick(queue: &str, s: &Start, qty: i32) -> Vec<i64> {
             s.epoch.into_datum(),
             want.into_datum(),
         ]);
-        picked.extend((0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)));
+        let locked: Vec<i64> = (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
+        // Handed but skipped, locked by another transaction (rare: each row is handed to one
+        // claim at a time).
+        let skipped = HANDED_NOW.with_borrow_mut(std::mem::take);
+        if let Some(key) = Key::new(queue) {
+            // Both in msg_id order (one priority).
+            for id in skipped.into_iter().filter(|id| locked.binary_search(id).is_err()) {
+                skipped_note(key, priority, id);
+            }
+        }
+        picked.extend(locked);
         if picked.len() as i32 >= qty {
             break;
         }
