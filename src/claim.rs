@@ -96,12 +96,7 @@ fn _take(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64) -> bool {
 /// At rollback, lowers `priority`'s hint to `msg_id`, which this claim holds, and wakes a
 /// waiting claim for it.
 fn rollback_note(key: Key, priority: i16, msg_id: i64) {
-    let mut note = Note::new(key, Kind::Claimed);
-    note.priority = priority;
-    note.low = msg_id;
-    note.high = msg_id;
-    note.count = 1;
-    pending::record(note);
+    row_note(key, Kind::Claimed, priority, msg_id);
 }
 
 /// At commit, lowers `priority`'s hint to `msg_id`: this claim was handed the row, raising
@@ -110,7 +105,13 @@ fn rollback_note(key: Key, priority: i16, msg_id: i64) {
 /// until it ends, refused), and nothing else would bring the hint back to it before the
 /// tick's check.
 fn skipped_note(key: Key, priority: i16, msg_id: i64) {
-    let mut note = Note::new(key, Kind::Readied);
+    row_note(key, Kind::Readied, priority, msg_id);
+}
+
+/// A note of one row: `kind` says when it lowers the hint (Claimed: at rollback; Readied: at
+/// commit).
+fn row_note(key: Key, kind: Kind, priority: i16, msg_id: i64) {
+    let mut note = Note::new(key, kind);
     note.priority = priority;
     note.low = msg_id;
     note.high = msg_id;

@@ -933,17 +933,16 @@ fn a_queue_dropped_while_the_worker_counts_its_dead_letters_is_no_deadlock() {
     let mut holder = common::connect_to(&db);
     holder.batch_execute(&format!("BEGIN; LOCK TABLE ONLY pgqueue.{table} IN ACCESS EXCLUSIVE MODE")).unwrap();
     common::workers_only_in(&mut c, None);
-    let waits = |c: &mut Client, backend: &str| -> bool {
-        c.query_one(
-            "SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-                             WHERE a.datname = current_database() AND a.backend_type = $1 AND NOT l.granted)",
-            &[&backend],
-        )
-        .unwrap()
-        .get(0)
+    // Whether a session of this database that `which` selects waits for a lock.
+    let waiting = |c: &mut Client, which: &str| -> bool {
+        let sql = format!(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity
+                             WHERE datname = current_database() AND wait_event_type = 'Lock' AND {which})"
+        );
+        c.query_one(&sql, &[]).unwrap().get(0)
     };
     wait_for("the worker's count waiting for the queue's table", LIMIT, || {
-        waits(&mut owner, "pgqueue worker").then_some(())
+        waiting(&mut owner, "backend_type = 'pgqueue worker'").then_some(())
     });
     let dropper = {
         let (db, q) = (db.clone(), q.clone());
@@ -953,16 +952,7 @@ fn a_queue_dropped_while_the_worker_counts_its_dead_letters_is_no_deadlock() {
             d.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q]).map(|_| ()).map_err(|e| format!("{e:?}"))
         })
     };
-    wait_for("the drop waiting", LIMIT, || {
-        let waiting: bool = owner
-            .query_one(
-                "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = 'dropper' AND wait_event_type = 'Lock')",
-                &[],
-            )
-            .unwrap()
-            .get(0);
-        waiting.then_some(())
-    });
+    wait_for("the drop waiting", LIMIT, || waiting(&mut owner, "application_name = 'dropper'").then_some(()));
     holder.batch_execute("ROLLBACK").unwrap();
     assert_eq!(dropper.join().unwrap(), Ok(()), "the drop is no deadlock's victim");
     // The worker's tick ended: its steps are counted.
