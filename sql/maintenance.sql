@@ -257,7 +257,13 @@ BEGIN
         -- Back off a queue whose pruning keeps being blocked: 3 in a row, then 1 min, 2 min, … 1 h.
         -- (Bookkeeping never fails the prune: another pruner may hold the row a moment.)
         BEGIN
-            IF setback THEN
+            -- The queue's row first, without waiting: a pgq_drop_queue under way holds it and
+            -- waits for the history partitions this call has locked, which a wait here would
+            -- make a deadlock. The queue being dropped needs no bookkeeping.
+            PERFORM FROM pgqueue.queues qs WHERE qs.queue = q.queue FOR KEY SHARE NOWAIT;
+            IF NOT FOUND THEN
+                NULL;
+            ELSIF setback THEN
                 INSERT INTO pgqueue.prune_state AS s (queue, failures, retry_after)
                 VALUES (q.queue, 1, now())
                 ON CONFLICT (queue) DO UPDATE

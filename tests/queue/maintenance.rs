@@ -83,6 +83,77 @@ fn prune_reports_blocked_after_the_lock_timeout_then_pruned() {
     }
 }
 
+/// A queue dropped while a prune of it is under way: the prune has truncated one old
+/// partition (and holds it) and is blocked on the next, the drop holds the queue's row and
+/// waits for the history. The prune's backoff bookkeeping once waited for the queue's row
+/// there, and the two deadlocked; it now leaves a queue being dropped alone.
+#[test]
+fn a_queue_dropped_while_its_prune_is_blocked_is_no_deadlock() {
+    let mut c = connect();
+    let (q, first) = queue_with_old_history(&mut c, 10);
+    c.execute("SELECT pgqueue._ensure_history_day($1, current_date - 4)", &[&q]).unwrap();
+    c.execute(
+        "INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, enqueued_at, finished_at)
+         SELECT -g, $1, 'completed', 0, 1, '{}', now() - '5 days'::interval, (current_date - 4) + interval '1 hour'
+           FROM generate_series(11, 20) g",
+        &[&q],
+    )
+    .unwrap();
+    let second: String = c
+        .query_one("SELECT format('history_%s$%s', $1::text, to_char(current_date - 4, 'YYYYMMDD'))", &[&q])
+        .unwrap()
+        .get(0);
+    let mut holder = connect();
+    holder.batch_execute(&format!("BEGIN; SELECT count(*) FROM pgqueue.\"{second}\"")).unwrap();
+    // Whether the session named `name` waits for a lock.
+    let waiting = |c: &mut crate::common::Client, name: &str| -> bool {
+        c.query_one(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock')",
+            &[&name],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let run = |name: &'static str, setup: &'static str, sql: &'static str, q: String| {
+        std::thread::spawn(move || {
+            let mut s = connect();
+            s.batch_execute(&format!("SET application_name = '{name}'; {setup}")).unwrap();
+            s.query(sql, &[&q])
+                .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect::<Vec<(String, String, i64)>>())
+                .map_err(|e| format!("{e:?}"))
+        })
+    };
+    let pruner = run(
+        "pruner",
+        "SET pgqueue.prune_lock_timeout = '3s'",
+        "SELECT target, outcome, rows FROM pgqueue.pgq_prune($1)",
+        q.clone(),
+    );
+    let limit = Duration::from_secs(60);
+    crate::common::wait_for("the prune blocked on the second partition", limit, || {
+        waiting(&mut c, "pruner").then_some(())
+    });
+    let dropper = run("dropper", "", "SELECT ''::text, ''::text, 0::bigint FROM pgqueue.pgq_drop_queue($1)", q.clone());
+    crate::common::wait_for("the drop waiting for the history", limit, || waiting(&mut c, "dropper").then_some(()));
+    let pruned = pruner.join().unwrap();
+    assert_eq!(
+        pruned,
+        Ok(vec![(first, "pruned".to_string(), 10), (second, "blocked".to_string(), 0)]),
+        "the prune is no deadlock's victim"
+    );
+    holder.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(dropper.join().unwrap().map(|_| ()), Ok(()), "the drop is no deadlock's victim");
+    let left: (bool, i64) = c
+        .query_one(
+            "SELECT to_regclass(format('pgqueue.%I', 'history_' || $1::text)) IS NULL,
+                    (SELECT count(*) FROM pgqueue.prune_state WHERE queue = $1)",
+            &[&q],
+        )
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(left, (true, 0), "the queue's history and its backoff are gone");
+}
+
 #[test]
 fn a_prune_already_running_on_a_queue_is_skipped() {
     let mut c = connect();
