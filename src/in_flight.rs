@@ -7,14 +7,19 @@
 //! takes it by adding `(msg_id, attempt)` here under the table's lock, before it hands the
 //! message out; the entry stays until the release or finish of that attempt has committed
 //! (`end`), or goes when the claim rolls back. The row lock excludes claims under way; the set
-//! is what knows of committed ones, which wrote nothing to the row. While the set is
-//! **exact** an absent message is held by nobody. When it is not (a restart lost it, it filled
-//! up), "present" still means held, but "absent" means "ask the ledger", in a snapshot taken
+//! is what knows of committed ones, which wrote nothing to the row. The set **vouches** for
+//! every msg_id outside its *unknown range*: such a message, absent, is held by nobody. Inside
+//! it (everything after a restart; the messages a full set had no room for, and those between
+//! them), "present" still means held, but "absent" means "ask the ledger", in a snapshot taken
 //! after the row lock (a claim that committed since the claim's own snapshot released that
-//! lock first), and claims add their messages here while there is room. The tick makes the
-//! set exact again from the claim ledger (`begin_rebuild`, `finish_rebuild`), refusing while
-//! a claim that could not add its messages is under way or committed meanwhile, and
-//! replaying the ends that committed while it read. Entries are keyed by attempt too, so an end that reaches here after the next
+//! lock first), and claims add their messages here while there is room. A set that filled up
+//! widens the range only by what it could not keep, so that claims of newer messages still
+//! ask nothing (a set that stopped vouching for anything once full made every claim read the
+//! ledger: docs/design/write-path.md, "the rescue cliff"). The tick makes the set
+//! exact again from the claim ledger (`begin_rebuild`, `finish_rebuild`), refusing while a
+//! claim that could not add its messages is under way or committed meanwhile, and replaying
+//! the ends that committed while it read. The table is full at half its slots: an
+//! open-addressing table filled to the brim probes every slot for each message it lacks. Entries are keyed by attempt too, so an end that reaches here after the next
 //! claim of the same message (possible while the set is not exact) removes nothing of it.
 //!
 //! Losing all of it costs speed (ledger checks until the next rebuild), never a message: the
@@ -29,8 +34,8 @@ pub enum Take {
     Skip,
     /// Nobody holds it: hand it out.
     Free,
-    /// The set cannot vouch for it (not exact): hand it out only if no live ledger row holds
-    /// it, asked in a snapshot taken after the row lock; if one does, `untake` it.
+    /// The set cannot vouch for it (in the unknown range): hand it out only if no live ledger
+    /// row holds it, asked in a snapshot taken after the row lock; if one does, `untake` it.
     Ask,
     /// As `Ask`, and the set had no room for it. The claim must pass its count of these to
     /// `commit` or `abort`.
@@ -59,7 +64,8 @@ pub const END_LOG: usize = 256;
 /// plain data for shared memory. The caller holds the table's lock for every call.
 #[repr(C)]
 pub struct InFlight<const N: usize> {
-    exact: bool,
+    /// The msg_ids (inclusive) whose holds may be missing; None: the set is exact.
+    unknown: Option<(i64, i64)>,
     len: usize,
     slots: [Slot; N],
     /// Claims under way that took messages the set had no room for.
@@ -82,7 +88,7 @@ impl<const N: usize> Default for InFlight<N> {
     fn default() -> Self {
         assert!(N.is_power_of_two());
         InFlight {
-            exact: false,
+            unknown: Some((1, i64::MAX)),
             len: 0,
             slots: [Slot::default(); N],
             unrecorded: 0,
@@ -98,8 +104,20 @@ impl<const N: usize> Default for InFlight<N> {
 }
 
 impl<const N: usize> InFlight<N> {
+    /// Entries the set keeps at most: half its slots.
+    pub const CAPACITY: usize = N / 2;
+
     pub fn is_exact(&self) -> bool {
-        self.exact
+        self.unknown.is_none()
+    }
+
+    /// Whether an absent `msg_id` is known to be held by nobody.
+    pub fn vouches_for(&self, msg_id: i64) -> bool {
+        self.unknown.is_none_or(|(lo, hi)| msg_id < lo || msg_id > hi)
+    }
+
+    fn widen(&mut self, msg_id: i64) {
+        self.unknown = Some(self.unknown.map_or((msg_id, msg_id), |(lo, hi)| (lo.min(msg_id), hi.max(msg_id))));
     }
 
     pub fn len(&self) -> usize {
@@ -122,16 +140,17 @@ impl<const N: usize> InFlight<N> {
         if self.find(msg_id).is_some() {
             return Take::Skip;
         }
-        if self.len == N {
-            // Claims ask the ledger from now on, until a rebuild: the set cannot say that this
-            // message is held.
-            self.exact = false;
+        if self.len == Self::CAPACITY {
+            // Claims of this message ask the ledger from now on, until a rebuild: the set
+            // cannot say that it is held.
+            self.widen(msg_id);
             self.overflows += 1;
             self.unrecorded += 1;
             return Take::AskUnrecorded;
         }
+        let vouched = self.vouches_for(msg_id);
         self.insert(Slot { msg_id, attempt, owner, lease_end });
-        if self.exact { Take::Free } else { Take::Ask }
+        if vouched { Take::Free } else { Take::Ask }
     }
 
     /// The claim `owner` did not get `msg_id` after all (the ledger holds it).
@@ -195,8 +214,8 @@ impl<const N: usize> InFlight<N> {
         }
     }
 
-    /// Committed claims whose lease ended before `now`: what the re-arm pass releases (exact
-    /// only while the set is; otherwise the pass asks the ledger).
+    /// Committed claims whose lease ended before `now`: what the re-arm pass releases (all of
+    /// them only while the set is exact; otherwise the pass asks the ledger too).
     pub fn expired(&self, now: i64) -> Vec<(i64, i32)> {
         let mut out: Vec<_> = self
             .slots
@@ -211,7 +230,7 @@ impl<const N: usize> InFlight<N> {
     /// The tick starts reading the live claims from the ledger (in a snapshot taken after
     /// this call). Returns the epoch to finish with, or None when the set is exact already.
     pub fn begin_rebuild(&mut self) -> Option<u64> {
-        if self.exact {
+        if self.is_exact() {
             return None;
         }
         self.epoch += 1;
@@ -223,7 +242,8 @@ impl<const N: usize> InFlight<N> {
 
     /// The tick read `live` (committed claims not ended, as its snapshot saw them): adds them
     /// but those ended since, and makes the set exact, unless that cannot be known to be
-    /// right. Returns whether the set is exact.
+    /// right; with too many to keep, the unknown range becomes the span of those it could not
+    /// keep. Returns whether the set is exact.
     pub fn finish_rebuild(&mut self, epoch: u64, live: &[(i64, i32, i64)]) -> bool {
         if !self.rebuilding || epoch != self.epoch {
             return false;
@@ -233,18 +253,25 @@ impl<const N: usize> InFlight<N> {
             self.refused += 1;
             return false;
         }
+        // Every hold is now in the set or in `live` (nothing unrecorded is under way or
+        // committed since the read): the holds missing are those left out here.
+        let mut left_out = None;
         for &(msg_id, attempt, lease_end) in live {
             if self.ends[..self.nends].contains(&(msg_id, attempt)) || self.find(msg_id).is_some() {
                 continue;
             }
-            if self.len == N {
-                self.refused += 1;
-                return false;
+            if self.len == Self::CAPACITY {
+                left_out =
+                    Some(left_out.map_or((msg_id, msg_id), |(lo, hi): (i64, i64)| (lo.min(msg_id), hi.max(msg_id))));
+                continue;
             }
             self.insert(Slot { msg_id, attempt, owner: 0, lease_end });
         }
-        self.exact = true;
-        true
+        self.unknown = left_out;
+        if left_out.is_some() {
+            self.refused += 1;
+        }
+        left_out.is_none()
     }
 
     fn home(msg_id: i64) -> usize {

@@ -6,7 +6,7 @@
 //!
 //! After every step: no message is held twice (the claims' contract), every entry of the set
 //! stands for a hold that has not ended or whose end's callback has not run yet (a stale
-//! entry would starve its message), and while the set is exact every hold is in it. At the
+//! entry would starve its message), and every hold of a message the set vouches for is in it. At the
 //! end, with everything finished, a rebuild makes the set exact and equal to the holds.
 
 use super::*;
@@ -14,8 +14,9 @@ use proptest::prelude::*;
 use std::collections::BTreeSet;
 
 const MESSAGES: i64 = 6;
-/// Small, so that the set fills up.
+/// Small, so that the set fills up (at half its slots).
 const SLOTS: usize = 4;
+const CAPACITY: usize = InFlight::<SLOTS>::CAPACITY;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Phase {
@@ -314,13 +315,11 @@ impl World {
                 self.claims.iter().any(|c| c.owner == slot.owner && matches!(c.phase, Phase::Open | Phase::Visible));
             assert!(live || ending || under_way, "entry ({id}, {a}) is stale: {m:?}");
         }
-        if self.set.is_exact() {
-            for c in self.claims.iter().filter(|c| c.phase != Phase::Aborted) {
-                for &(id, a) in &c.got {
-                    let m = self.msgs[id as usize];
-                    if c.phase == Phase::Open || (m.exists && m.ended + 1 == a) {
-                        assert!(entries.contains(&(id, a)), "exact, but ({id}, {a}) of {} is missing", c.owner);
-                    }
+        for c in self.claims.iter().filter(|c| c.phase != Phase::Aborted) {
+            for &(id, a) in c.got.iter().filter(|&&(id, _)| self.set.vouches_for(id)) {
+                let m = self.msgs[id as usize];
+                if c.phase == Phase::Open || (m.exists && m.ended + 1 == a) {
+                    assert!(entries.contains(&(id, a)), "vouched for, but ({id}, {a}) of {} is missing", c.owner);
                 }
             }
         }
@@ -346,7 +345,7 @@ impl World {
             self.step(&Op::RebuildBegin);
             self.step(&Op::RebuildRead);
             self.step(&Op::RebuildFinish);
-            assert!(self.set.is_exact() || held > SLOTS, "a quiet rebuild with room makes the set exact");
+            assert!(self.set.is_exact() || held > CAPACITY, "a quiet rebuild with room makes the set exact");
         }
         self.check();
         if self.set.is_exact() {
@@ -385,19 +384,19 @@ fn a_claim_the_set_has_no_room_for_is_found_in_the_ledger() {
     let epoch = w.set.begin_rebuild().expect("not exact after a restart");
     assert!(w.set.finish_rebuild(epoch, &[]));
     let mut steps = vec![];
-    for msg in 1..=SLOTS as i64 {
+    for msg in 1..=CAPACITY as i64 {
         steps.extend([Op::Begin, Op::Take { pick: 0, msg }, Op::Visible { pick: 0 }, Op::Callback { pick: 0 }]);
     }
-    let last = SLOTS as i64 + 1;
-    // A claim begins; another then takes the fifth message (no room) and commits.
+    let last = CAPACITY as i64 + 1;
+    // A claim begins; another then takes the next message (no room) and commits.
     steps.extend([Op::Begin, Op::Begin, Op::Take { pick: 1, msg: last }, Op::Visible { pick: 1 }]);
     steps.extend([Op::Callback { pick: 0 }, Op::Take { pick: 0, msg: last }]);
     for op in &steps {
         w.step(op);
         w.check();
     }
-    assert!(!w.set.is_exact(), "the fifth message found no room");
-    let (first, second) = (&w.claims[SLOTS], &w.claims[SLOTS + 1]);
+    assert!(!w.set.is_exact(), "the last message found no room");
+    let (first, second) = (&w.claims[CAPACITY], &w.claims[CAPACITY + 1]);
     assert_eq!(second.got, vec![(last, 1)]);
     assert!(first.got.is_empty(), "the ledger holds it");
 }
@@ -419,11 +418,41 @@ fn a_late_end_removes_only_its_own_attempt() {
     assert_eq!(set.len(), 1, "attempt 2 is still held");
 }
 
+/// A full set stops vouching only for what it had no room for: a claim of a newer message
+/// asks nothing, and a rebuild without room for every live claim leaves unknown only the span
+/// of those it left out.
+#[test]
+fn a_full_set_stops_vouching_only_for_what_it_could_not_keep() {
+    let mut set = Box::<InFlight<8>>::default();
+    let epoch = set.begin_rebuild().expect("not exact at first");
+    assert!(set.finish_rebuild(epoch, &[]));
+    for id in 1..=4 {
+        assert_eq!(set.take(1, id, 1, 0), Take::Free);
+    }
+    assert_eq!(set.take(1, 5, 1, 0), Take::AskUnrecorded, "full at half its slots");
+    set.commit(1, 1);
+    set.end(2, 1);
+    set.end(3, 1);
+    assert_eq!(set.take(2, 7, 1, 0), Take::Free, "a newer message: nobody holds it");
+    assert_eq!(set.take(2, 5, 2, 0), Take::Ask, "the one it had no room for");
+    set.abort(2, 0);
+    assert!((1..=8).filter(|&id| !set.vouches_for(id)).eq([5]));
+    // A rebuild that reads more live claims than fit.
+    set.restart();
+    let epoch = set.begin_rebuild().unwrap();
+    let live: Vec<(i64, i32, i64)> = (10..=16).map(|id| (id, 1, 0)).collect();
+    assert!(!set.finish_rebuild(epoch, &live));
+    assert_eq!(set.len(), 4);
+    assert!((1..=20).filter(|&id| !set.vouches_for(id)).eq(14..=16), "the span left out");
+}
+
 #[test]
 fn deletion_keeps_every_probe_run_reachable() {
     let mut set = Box::<InFlight<8>>::default();
     set.restart();
-    let ids: Vec<i64> = (1..=8).map(|i| i * 8).collect();
+    // Ids that share a home slot: one probe run.
+    let ids: Vec<i64> =
+        (1..).filter(|&id| InFlight::<8>::home(id) == InFlight::<8>::home(1)).take(InFlight::<8>::CAPACITY).collect();
     for &id in &ids {
         assert_eq!(set.take(1, id, 1, id), Take::Ask);
     }
