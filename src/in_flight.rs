@@ -19,8 +19,9 @@
 //! exact again from the claim ledger (`begin_rebuild`, `finish_rebuild`), refusing while a
 //! claim that could not add its messages is under way or committed meanwhile, and replaying
 //! the ends that committed while it read. The table is full at half its slots: an
-//! open-addressing table filled to the brim probes every slot for each message it lacks. Entries are keyed by attempt too, so an end that reaches here after the next
-//! claim of the same message (possible while the set is not exact) removes nothing of it.
+//! open-addressing table filled to the brim probes every slot for each message it lacks.
+//! Entries are keyed by attempt too, so an end that reaches here after the next claim of the
+//! same message (possible while the set is not exact) removes nothing of it.
 //!
 //! Losing all of it costs speed (ledger checks until the next rebuild), never a message: the
 //! tests below check, against a model of claims, commits, aborts, ends, restarts and
