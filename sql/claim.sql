@@ -15,13 +15,13 @@ DECLARE
     promoted bigint;
 BEGIN
     WITH due AS (
-        SELECT m.msg_id FROM pgqueue.messages m
+        SELECT m.msg_id FROM pgqueue.message_rows m
          WHERE m.queue = queue AND m.state = 'delayed' AND m.visible_at <= now()
          ORDER BY m.visible_at
          LIMIT max_rows
            FOR UPDATE SKIP LOCKED
     ), moved AS (
-        UPDATE pgqueue.messages m SET state = 'ready', visible_at = NULL
+        UPDATE pgqueue.message_rows m SET state = 'ready', visible_at = NULL
           FROM due WHERE m.msg_id = due.msg_id
         RETURNING m.msg_id, m.priority
     )
@@ -31,7 +31,7 @@ BEGIN
               FROM moved mv GROUP BY mv.priority) p;
     IF promoted < max_rows THEN
         PERFORM pgqueue._due_after(queue, epoch,
-            (SELECT min(m.visible_at) FROM pgqueue.messages m
+            (SELECT min(m.visible_at) FROM pgqueue.message_rows m
               WHERE m.queue = queue AND m.state = 'delayed' AND m.visible_at > now()));
     END IF;
     RETURN promoted;
@@ -130,7 +130,7 @@ BEGIN
     -- The re-arm pass learns the earliest new lease end at commit (a lease may get shorter).
     RETURN QUERY
     WITH renewed AS (
-        UPDATE pgqueue.messages m
+        UPDATE pgqueue.message_rows m
            SET lease_expires_at = now() + coalesce(lease, q.lease),
                progress = coalesce(held.progress, m.progress)
           FROM unnest(msg_ids, claim_tokens, progress) AS held(id, token, progress), pgqueue.queues q

@@ -102,7 +102,9 @@ COMMENT ON VIEW pgqueue.shared_state IS
 -- Tables
 COMMENT ON TABLE pgqueue.queues IS
     'queue settings, one row per queue: lease, max_attempts, retention, paused';
-COMMENT ON TABLE pgqueue.messages IS
+COMMENT ON TABLE pgqueue.message_rows IS
+    'the rows behind pgqueue.messages: read that view, not this table';
+COMMENT ON VIEW pgqueue.messages IS
     'messages waiting (ready, delayed, pending on their parents, or parked until a signal) or claimed; finished ones move to pgqueue.history';
 COMMENT ON TABLE pgqueue.history IS
     'completed and dead-lettered messages, partitioned by queue and day, kept for the queue''s retention';

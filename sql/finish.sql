@@ -92,7 +92,7 @@ BEGIN
     PERFORM pgqueue._require(claim_token, 'claim_token');
     PERFORM pgqueue._check_delay(retry_in, 'retry_in');
     SELECT m.msg_id, m.queue, m.priority, m.attempt, q.max_attempts, m.cancel_requested_at INTO h
-      FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
+      FROM pgqueue.message_rows m JOIN pgqueue.queues q ON q.queue = m.queue
      WHERE m.msg_id = msg_id AND m.claim_token = claim_token AND m.state = 'claimed'
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE OF m;
@@ -105,7 +105,7 @@ BEGIN
         RETURN true;
     END IF;
     wait := coalesce(retry_in, pgqueue._backoff(h.attempt));
-    UPDATE pgqueue.messages m
+    UPDATE pgqueue.message_rows m
        SET state = CASE WHEN wait > interval '0' THEN 'delayed' ELSE 'ready' END,
            visible_at = CASE WHEN wait > interval '0' THEN now() + wait END,
            claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL, consumer = NULL,
@@ -155,11 +155,11 @@ BEGIN
     SELECT coalesce(array_agg(l.msg_id) FILTER (WHERE l.state <> 'claimed'), '{}'),
            coalesce(array_agg(l.msg_id) FILTER (WHERE l.state = 'claimed' AND l.cancel_requested_at IS NULL), '{}')
       INTO waiting, running
-      FROM (SELECT m.msg_id, m.state, m.cancel_requested_at FROM pgqueue.messages m
+      FROM (SELECT m.msg_id, m.state, m.cancel_requested_at FROM pgqueue.message_rows m
              WHERE m.msg_id = ANY (msg_ids) AND (queue IS NULL OR m.queue = queue)
              ORDER BY m.msg_id
                FOR UPDATE) l;
-    UPDATE pgqueue.messages m SET cancel_requested_at = now(), last_error = coalesce(reason, m.last_error)
+    UPDATE pgqueue.message_rows m SET cancel_requested_at = now(), last_error = coalesce(reason, m.last_error)
      WHERE m.msg_id = ANY (running);
     RETURN QUERY
     SELECT c.id FROM (SELECT pgqueue._to_history(waiting, NULL, 'cancelled', reason) AS id
@@ -221,7 +221,7 @@ DECLARE
 BEGIN
     SELECT min(w.msg_id), max(w.msg_id), count(*) >= 4 * max_rows, min(w.lease_expires_at)
       INTO first_msg_id, window_end, window_full, next_expiry
-      FROM (SELECT m.msg_id, m.lease_expires_at FROM pgqueue.messages m
+      FROM (SELECT m.msg_id, m.lease_expires_at FROM pgqueue.message_rows m
              WHERE m.state = 'claimed' AND m.msg_id > after_msg_id
              ORDER BY m.msg_id LIMIT 4 * max_rows) w;
     SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE NOT e.cancel AND e.attempt < e.max_attempts), '{}'),
@@ -231,7 +231,7 @@ BEGIN
            count(*) >= max_rows OR window_full
       INTO retry, exhausted, cancelled, last_msg_id, more
       FROM (SELECT m.msg_id, m.attempt, q.max_attempts, m.cancel_requested_at IS NOT NULL AS cancel
-              FROM pgqueue.messages m JOIN pgqueue.queues q ON q.queue = m.queue
+              FROM pgqueue.message_rows m JOIN pgqueue.queues q ON q.queue = m.queue
              WHERE m.state = 'claimed' AND m.msg_id > after_msg_id AND m.msg_id <= window_end
                AND m.lease_expires_at <= now()
                AND (queue IS NULL OR m.queue = queue)
@@ -239,7 +239,7 @@ BEGIN
              LIMIT max_rows
                FOR UPDATE OF m SKIP LOCKED) e;
     WITH back AS (
-        UPDATE pgqueue.messages m
+        UPDATE pgqueue.message_rows m
            SET state = 'ready', claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL,
                consumer = NULL, session_pid = NULL, session_started = NULL, last_error = 'lease expired'
          WHERE m.msg_id = ANY (retry)
@@ -320,12 +320,12 @@ BEGIN
         RETURNING h.msg_id, h.priority, h.payload, h.headers, h.enqueued_at, h.last_error, h.progress
     )
     , again AS (
-        INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, enqueued_at, last_error,
+        INSERT INTO pgqueue.message_rows (msg_id, queue, state, priority, payload, headers, enqueued_at, last_error,
                                       progress)
         OVERRIDING SYSTEM VALUE
         SELECT b.msg_id, q.queue, 'ready', b.priority, b.payload, b.headers, b.enqueued_at, b.last_error, b.progress
           FROM back b
-        RETURNING messages.msg_id, messages.priority
+        RETURNING message_rows.msg_id, message_rows.priority
     )
     SELECT coalesce(sum(n), 0) INTO moved
       FROM (SELECT count(*) AS n, pgqueue._note(q.queue, count(*), 'history', 'ready', a.priority,
@@ -372,7 +372,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT m.state, m.attempt, NULL::jsonb, m.progress, m.last_error, m.enqueued_at, NULL::timestamptz
-      FROM pgqueue.messages m WHERE m.msg_id = msg_id AND (queue IS NULL OR m.queue = queue)
+      FROM pgqueue.message_rows m WHERE m.msg_id = msg_id AND (queue IS NULL OR m.queue = queue)
      UNION ALL
     SELECT h.outcome, h.attempt, h.result, h.progress, h.last_error, h.enqueued_at, h.finished_at
       FROM pgqueue.history h WHERE h.msg_id = msg_id AND (queue IS NULL OR h.queue = queue)

@@ -20,13 +20,13 @@ BEGIN ATOMIC
         SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
          WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
     ), orphaned AS (
-        SELECT m.msg_id FROM pgqueue.messages m
+        SELECT m.msg_id FROM pgqueue.message_rows m
          WHERE m.session_pid IS NOT NULL AND m.lease_expires_at > now()
            AND NOT EXISTS (SELECT FROM alive a
                             WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
            FOR UPDATE OF m SKIP LOCKED
     ), expired AS (
-        UPDATE pgqueue.messages m SET lease_expires_at = now()
+        UPDATE pgqueue.message_rows m SET lease_expires_at = now()
           FROM orphaned o WHERE m.msg_id = o.msg_id
         RETURNING m.msg_id
     )
@@ -55,7 +55,7 @@ BEGIN
         below := CASE WHEN i <= cardinality(listed) THEN listed[i] ELSE -1001 END;
         -- Unlisted priorities strictly between `above` and `below`, highest first.
         LOOP
-            SELECT m.priority, m.msg_id, m.xmax <> '0' INTO priority, msg_id, busy FROM pgqueue.messages m
+            SELECT m.priority, m.msg_id, m.xmax <> '0' INTO priority, msg_id, busy FROM pgqueue.message_rows m
              WHERE m.queue = queue AND m.state = 'ready' AND m.priority < above AND m.priority > below
              ORDER BY m.priority DESC, m.msg_id LIMIT 1;
             EXIT WHEN NOT FOUND;
@@ -64,7 +64,7 @@ BEGIN
         END LOOP;
         EXIT WHEN i > cardinality(listed);
         p := listed[i];
-        SELECT m.msg_id, m.xmax <> '0' INTO msg_id, busy FROM pgqueue.messages m
+        SELECT m.msg_id, m.xmax <> '0' INTO msg_id, busy FROM pgqueue.message_rows m
          WHERE m.queue = queue AND m.state = 'ready' AND m.priority = p
          ORDER BY m.msg_id LIMIT 1;
         IF FOUND THEN
@@ -77,7 +77,7 @@ BEGIN
     priority := NULL;
     msg_id := NULL;
     busy := NULL;
-    due := (SELECT min(m.visible_at) FROM pgqueue.messages m WHERE m.queue = queue AND m.state = 'delayed');
+    due := (SELECT min(m.visible_at) FROM pgqueue.message_rows m WHERE m.queue = queue AND m.state = 'delayed');
     RETURN NEXT;
 END
 $$;

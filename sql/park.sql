@@ -68,7 +68,7 @@ BEGIN
         PERFORM pgqueue._check_reports(ARRAY[payload], 1, 'payload');
     END IF;
     SELECT m.msg_id, m.queue, m.priority, m.headers, m.cancel_requested_at INTO h
-      FROM pgqueue.messages m
+      FROM pgqueue.message_rows m
      WHERE m.msg_id = msg_id AND m.claim_token = claim_token AND m.state = 'claimed'
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE;
@@ -90,7 +90,7 @@ BEGIN
     park := pg_catalog.jsonb_build_object('key', key, 'parked_at', now(), 'timeout_at', now() + timeout,
                                           'on_timeout', on_timeout)
             || CASE WHEN payload IS NOT NULL THEN pg_catalog.jsonb_build_object('payload', payload) ELSE '{}' END;
-    UPDATE pgqueue.messages m
+    UPDATE pgqueue.message_rows m
        SET state = CASE WHEN kept.signalled THEN 'ready' ELSE 'parked' END,
            park_key = CASE WHEN NOT kept.signalled THEN key END,
            park_until = CASE WHEN NOT kept.signalled THEN now() + timeout END,
@@ -137,11 +137,11 @@ BEGIN
     RETURNING p.signal, p.signalled_at INTO kept;
     -- In msg_id order, as pgq_cancel locks them: the two cannot deadlock.
     WITH parked AS (
-        SELECT m.msg_id FROM pgqueue.messages m WHERE m.park_key = key AND m.state = 'parked'
+        SELECT m.msg_id FROM pgqueue.message_rows m WHERE m.park_key = key AND m.state = 'parked'
          ORDER BY m.msg_id
            FOR UPDATE
     ), back AS (
-        UPDATE pgqueue.messages m
+        UPDATE pgqueue.message_rows m
            SET state = 'ready', park_key = NULL, park_until = NULL, attempt = m.attempt - 1,
                headers = pgqueue._park_headers(m.headers, NULL, pg_catalog.jsonb_build_object(
                    'signal', kept.signal, 'signalled_at', kept.signalled_at, 'resumed_at', now()))
@@ -170,13 +170,13 @@ BEGIN
            coalesce(array_agg(e.msg_id) FILTER (WHERE e.dead), '{}')
       INTO resume, dead
       FROM (SELECT m.msg_id, coalesce(m.headers -> 'pgq_park' ->> 'on_timeout' = 'dead', false) AS dead
-              FROM pgqueue.messages m
+              FROM pgqueue.message_rows m
              WHERE m.state = 'parked' AND m.park_until <= now()
              ORDER BY m.park_until
              LIMIT max_rows
                FOR UPDATE SKIP LOCKED) e;
     WITH back AS (
-        UPDATE pgqueue.messages m
+        UPDATE pgqueue.message_rows m
            SET state = 'ready', park_key = NULL, park_until = NULL, attempt = m.attempt - 1,
                headers = pgqueue._park_headers(m.headers, NULL,
                    pg_catalog.jsonb_build_object('timed_out', true, 'resumed_at', now()))
@@ -207,7 +207,7 @@ BEGIN
                FOR UPDATE SKIP LOCKED) p;
     DELETE FROM pgqueue.park_keys k
      WHERE k.key = ANY (idle)
-       AND NOT EXISTS (SELECT FROM pgqueue.messages m WHERE m.park_key = k.key AND m.state = 'parked');
+       AND NOT EXISTS (SELECT FROM pgqueue.message_rows m WHERE m.park_key = k.key AND m.state = 'parked');
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END

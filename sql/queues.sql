@@ -130,7 +130,7 @@ BEGIN
     -- Lock the queue row: sends under way (they lock it FOR KEY SHARE, see _lock_queue)
     -- commit first, and no new one starts until this commits.
     PERFORM FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue FOR UPDATE;
-    SELECT count(*) INTO in_flight FROM pgqueue.messages m
+    SELECT count(*) INTO in_flight FROM pgqueue.message_rows m
      WHERE m.queue = pgq_drop_queue.queue AND m.state = 'claimed';
     IF in_flight > 0 AND NOT force THEN
         RAISE EXCEPTION 'pgqueue: queue "%" has % claimed messages', queue, in_flight
@@ -138,7 +138,7 @@ BEGIN
                   HINT = 'Wait for the consumers to finish, or pass force => true.';
     END IF;
     WITH gone AS (
-        DELETE FROM pgqueue.messages m WHERE m.queue = pgq_drop_queue.queue
+        DELETE FROM pgqueue.message_rows m WHERE m.queue = pgq_drop_queue.queue
         RETURNING m.msg_id, m.has_dependents, m.after IS NOT NULL AS child
     )
     SELECT array_agg(g.msg_id) FILTER (WHERE g.has_dependents), array_agg(g.msg_id) FILTER (WHERE g.child)

@@ -147,7 +147,7 @@ BEGIN
         headers => coalesce(s.headers, '{}') || jsonb_build_object('schedule', s.name, 'scheduled_for', at)
                    || CASE WHEN missed_runs IS NULL THEN '{}' ELSE jsonb_build_object('missed_runs', missed_runs) END,
         dedup_key => key);
-    IF NOT EXISTS (SELECT FROM pgqueue.messages m
+    IF NOT EXISTS (SELECT FROM pgqueue.message_rows m
                     WHERE m.msg_id = id AND m.dedup_key = key AND m.headers ->> 'schedule' = s.name) THEN
         RAISE EXCEPTION 'pgqueue: the key % of this run is held by message %, not a run of this schedule', key, id
             USING ERRCODE = 'unique_violation';

@@ -38,8 +38,12 @@ LANGUAGE c IMMUTABLE PARALLEL SAFE AS 'MODULE_PATHNAME', '_message_ok_wrapper';
 -- their parents completed) or claimed.
 -- Completed, dead-lettered and cancelled messages move to pgqueue.history.
 -- fillfactor leaves room on each page so that lease renewals stay HOT updates.
-CREATE TABLE pgqueue.messages (
-    msg_id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+-- Users read it as the view pgqueue.messages (below), so that a later release can keep a
+-- claim's lease outside the row without changing what they see. Its sequence, key and
+-- index names are those of 0.19 and earlier, when the table itself was pgqueue.messages.
+CREATE TABLE pgqueue.message_rows (
+    msg_id           bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME pgqueue.messages_msg_id_seq)
+                     CONSTRAINT messages_pkey PRIMARY KEY,
     queue            text NOT NULL,  -- no foreign key: see pgqueue._lock_queue
     state            text NOT NULL,  -- ready, delayed, claimed, pending or parked
     priority         smallint NOT NULL DEFAULT 0,  -- -1000 to 1000
@@ -71,30 +75,40 @@ CREATE TABLE pgqueue.messages (
 ) WITH (fillfactor = 80);
 
 -- The claim walks only claimable rows, highest priority first, FIFO within a priority.
-CREATE INDEX messages_ready_idx ON pgqueue.messages (queue, priority DESC, msg_id)
+CREATE INDEX messages_ready_idx ON pgqueue.message_rows (queue, priority DESC, msg_id)
     WHERE state = 'ready';
 -- Delayed rows in due order: promotion stops at the first row not yet due.
-CREATE INDEX messages_delayed_idx ON pgqueue.messages (queue, visible_at)
+CREATE INDEX messages_delayed_idx ON pgqueue.message_rows (queue, visible_at)
     WHERE state = 'delayed';
 -- Pending rows, for the tick that checks that none waits for parents that all completed.
-CREATE INDEX messages_pending_idx ON pgqueue.messages (msg_id)
+CREATE INDEX messages_pending_idx ON pgqueue.message_rows (msg_id)
     WHERE state = 'pending';
 -- Parked rows: by key for the signal that resumes them, by time for the tick that ends their
 -- wait.
-CREATE INDEX messages_parked_key_idx ON pgqueue.messages (park_key)
+CREATE INDEX messages_parked_key_idx ON pgqueue.message_rows (park_key)
     WHERE state = 'parked';
-CREATE INDEX messages_parked_until_idx ON pgqueue.messages (park_until)
+CREATE INDEX messages_parked_until_idx ON pgqueue.message_rows (park_until)
     WHERE state = 'parked';
 -- In-flight rows, for re-arming expired claims (the lease itself is not indexed).
-CREATE INDEX messages_claimed_idx ON pgqueue.messages (msg_id)
+CREATE INDEX messages_claimed_idx ON pgqueue.message_rows (msg_id)
     WHERE state = 'claimed';
 
 -- Session-bound claims, so the worker finds those whose backend has gone without
 -- scanning every claim. The predicate leaves `state` out (messages_state_rules
 -- implies it): a query for session-bound claims then cannot be served by
 -- messages_claimed_idx, whose dead entries behind a pinned horizon the planner cannot see.
-CREATE INDEX messages_session_idx ON pgqueue.messages (session_pid)
+CREATE INDEX messages_session_idx ON pgqueue.message_rows (session_pid)
     WHERE session_pid IS NOT NULL;
+
+-- What users read and what the library's own statements name (they run against 0.19's SQL
+-- too, until ALTER EXTENSION UPDATE, where pgqueue.messages is the table): one row per
+-- message waiting or claimed, today exactly the table's rows and columns, so it can be
+-- updated and locked through.
+CREATE VIEW pgqueue.messages AS
+SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, visible_at, claim_token,
+       claimed_at, consumer, lease_expires_at, last_error, session_pid, session_started, dedup_key,
+       cancel_requested_at, progress, after, has_dependents, park_key, park_until
+  FROM pgqueue.message_rows;
 
 -- Unique jobs: one row per (queue, key) taken by a send with a dedup_key. The primary key is
 -- what keeps a second copy out, under any concurrency. expires_at is NULL while the message
@@ -225,7 +239,7 @@ CREATE TABLE pgqueue.audit_log (
 
 -- Queue data is user data: pg_dump keeps it.
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.queues', '');
-SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.message_rows', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.messages_msg_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.dedup_keys', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.schedules', '');

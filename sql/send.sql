@@ -93,7 +93,7 @@ BEGIN
           FROM pg_catalog.generate_series(1, pg_catalog.cardinality(payloads));
         SELECT * INTO waits, failed_parent, failed_outcome FROM pgqueue._depend(ids, after, on_parent_failure);
         st := CASE WHEN waits THEN 'pending' WHEN due IS NULL THEN 'ready' ELSE 'delayed' END;
-        INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, visible_at, after)
+        INSERT INTO pgqueue.message_rows (msg_id, queue, state, priority, payload, headers, visible_at, after)
         OVERRIDING SYSTEM VALUE
         SELECT ids[u.n], q.queue, st, priority, p, headers, due, after
           FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS u(p, n);
@@ -108,11 +108,11 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH sent AS (
-        INSERT INTO pgqueue.messages (queue, state, priority, payload, headers, visible_at)
+        INSERT INTO pgqueue.message_rows (queue, state, priority, payload, headers, visible_at)
         SELECT q.queue, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END, priority, p, headers, due
           FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS u(p, n)
          ORDER BY u.n
-        RETURNING messages.msg_id
+        RETURNING message_rows.msg_id
     ), noted AS (
         SELECT pgqueue._note(q.queue, count(*), NULL, CASE WHEN due IS NULL THEN 'ready' ELSE 'delayed' END,
                              priority, min(s.msg_id), max(s.msg_id), due)
@@ -174,7 +174,7 @@ BEGIN
     END IF;
     -- With parents not finished yet, pending (delayed or ready when they have completed).
     st := CASE WHEN waits THEN 'pending' WHEN due IS NULL THEN 'ready' ELSE 'delayed' END;
-    INSERT INTO pgqueue.messages (msg_id, queue, state, priority, payload, headers, visible_at, dedup_key, after)
+    INSERT INTO pgqueue.message_rows (msg_id, queue, state, priority, payload, headers, visible_at, dedup_key, after)
     OVERRIDING SYSTEM VALUE
     VALUES (coalesce(id, pg_catalog.nextval('pgqueue.messages_msg_id_seq')), q.queue, st, priority, payload,
             headers, due, dedup_key, CASE WHEN waits IS NOT NULL THEN after END)

@@ -26,7 +26,7 @@ SELECT q.queue,
                   AS oldest_expired_lease,
               count(*) FILTER (WHERE m.state = 'pending') AS pending,
               count(*) FILTER (WHERE m.state = 'parked') AS parked
-         FROM pgqueue.messages m
+         FROM pgqueue.message_rows m
         WHERE m.queue = q.queue) c;
 
 -- Every message, waiting, claimed or finished: one place to look a job up (by msg_id, which
@@ -36,7 +36,7 @@ CREATE VIEW pgqueue.jobs AS
 SELECT m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at, m.visible_at,
        m.claimed_at, m.consumer, m.lease_expires_at, NULL::timestamptz AS finished_at, m.last_error, m.dedup_key,
        m.progress, NULL::jsonb AS result, m.after, m.park_key, m.park_until
-  FROM pgqueue.messages m
+  FROM pgqueue.message_rows m
  UNION ALL
 SELECT h.msg_id, h.queue, h.outcome, h.priority, h.attempt, h.payload, h.headers, h.enqueued_at, NULL, NULL,
        NULL, NULL, h.finished_at, h.last_error, NULL, h.progress, h.result, h.after, NULL, NULL
@@ -74,7 +74,7 @@ BEGIN ATOMIC
     SELECT count(*) FILTER (WHERE m.state = 'ready'),
            count(*) FILTER (WHERE m.state = 'delayed'),
            count(*) FILTER (WHERE m.state = 'claimed')
-      FROM pgqueue.messages m WHERE m.queue = _depth.queue;
+      FROM pgqueue.message_rows m WHERE m.queue = _depth.queue;
 END;
 
 -- A queue's dead letters, counted in its own history partitions only (a query of
@@ -118,13 +118,13 @@ CREATE FUNCTION pgqueue._oldest_ready(queue text) RETURNS timestamptz
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     WITH RECURSIVE p(priority) AS (
-         SELECT (SELECT max(m.priority) FROM pgqueue.messages m
+         SELECT (SELECT max(m.priority) FROM pgqueue.message_rows m
                   WHERE m.queue = _oldest_ready.queue AND m.state = 'ready')
           UNION ALL
-         SELECT (SELECT max(m.priority) FROM pgqueue.messages m
+         SELECT (SELECT max(m.priority) FROM pgqueue.message_rows m
                   WHERE m.queue = _oldest_ready.queue AND m.state = 'ready' AND m.priority < p.priority)
            FROM p WHERE p.priority IS NOT NULL)
-    SELECT min((SELECT m.enqueued_at FROM pgqueue.messages m
+    SELECT min((SELECT m.enqueued_at FROM pgqueue.message_rows m
                  WHERE m.queue = _oldest_ready.queue AND m.state = 'ready' AND m.priority = p.priority
                  ORDER BY m.msg_id LIMIT 1))
       FROM p WHERE p.priority IS NOT NULL;
@@ -142,7 +142,7 @@ SELECT q.queue, q.paused, d.tracked, d.ready, d.delayed, d.claimed, d.dead, d.wa
   FROM pgqueue.queues q
   JOIN pgqueue.queue_depth d ON d.queue = q.queue
   LEFT JOIN (SELECT m.queue, count(*) AS expired_claims
-               FROM pgqueue.messages m WHERE m.state = 'claimed' AND m.lease_expires_at <= now()
+               FROM pgqueue.message_rows m WHERE m.state = 'claimed' AND m.lease_expires_at <= now()
               GROUP BY m.queue) x ON x.queue = q.queue;
 
 -- The shared state's use, for the whole server: max_queues (pgqueue.max_queues), queues

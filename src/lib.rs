@@ -39,7 +39,7 @@ mod tick_counts;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.19.1");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.20.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -106,7 +106,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.19.1".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.20.0".into())));
     }
 
     /// `\df+`, `\dv+` and `\dt+` describe every public function, every view and every table
@@ -128,6 +128,45 @@ mod tests {
                 AND p.proname LIKE '\\_%' AND obj_description(p.oid, 'pg_proc') IS NOT NULL",
         );
         assert_eq!(internal, Ok(Some(0)));
+    }
+
+    /// 0.20.0: `pgqueue.messages` is a view of the table `pgqueue.message_rows`, column for
+    /// column, that reads, updates, locks and deletes as the table did.
+    #[pg_test]
+    fn messages_is_a_view_of_message_rows_that_acts_as_the_table_did() {
+        let kinds = Spi::get_one::<String>(
+            "SELECT string_agg(c.relname || ':' || c.relkind::text, ' ' ORDER BY c.relname) FROM pg_class c
+              WHERE c.relnamespace = 'pgqueue'::regnamespace AND c.relname IN ('messages', 'message_rows')",
+        );
+        assert_eq!(kinds, Ok(Some("message_rows:r messages:v".into())));
+        let columns = |rel: &str| {
+            Spi::get_one::<String>(&format!(
+                "SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attnum)
+                   FROM pg_attribute a WHERE a.attrelid = 'pgqueue.{rel}'::regclass AND a.attnum > 0 AND NOT a.attisdropped"
+            ))
+            .unwrap()
+            .unwrap()
+        };
+        assert_eq!(columns("messages"), columns("message_rows"));
+
+        Spi::run("SELECT pgqueue.pgq_create_queue('viewed')").unwrap();
+        let id = Spi::get_one::<i64>("SELECT pgqueue.pgq_send('viewed', '{\"n\": 1}')").unwrap().unwrap();
+        let read = |sql: &str| Spi::get_one::<String>(&sql.replace("$id", &id.to_string())).unwrap();
+        assert_eq!(
+            read("SELECT state || ' ' || payload::text FROM pgqueue.messages WHERE msg_id = $id"),
+            Some("ready {\"n\": 1}".into())
+        );
+        Spi::run(&format!("UPDATE pgqueue.messages SET headers = '{{\"h\": 2}}' WHERE msg_id = {id}")).unwrap();
+        assert_eq!(
+            read("SELECT headers::text FROM pgqueue.message_rows WHERE msg_id = $id"),
+            Some("{\"h\": 2}".into())
+        );
+        assert_eq!(
+            read("SELECT msg_id::text FROM pgqueue.messages WHERE msg_id = $id FOR UPDATE SKIP LOCKED"),
+            Some(id.to_string())
+        );
+        Spi::run(&format!("DELETE FROM pgqueue.messages WHERE msg_id = {id}")).unwrap();
+        assert_eq!(read("SELECT count(*)::text FROM pgqueue.message_rows WHERE msg_id = $id"), Some("0".into()));
     }
 
     #[pg_test]

@@ -170,13 +170,27 @@ thread_local! {
 /// transaction has locked or changed.
 fn first_free(queue: &str, priority: i16, after: i64, hint: i64) -> Option<i64> {
     Spi::get_one_with_args::<i64>(
-        "SELECT (SELECT m.msg_id FROM pgqueue.messages m
-                  WHERE m.queue = $1 AND m.state = 'ready' AND m.priority >= $2 AND m.priority <= $2
-                    AND m.msg_id > $3 AND m.msg_id < $4 AND m.xmax = '0'
-                  ORDER BY m.priority DESC, m.msg_id LIMIT 1)",
+        &format!(
+            "SELECT (SELECT m.msg_id FROM {} m
+                      WHERE m.queue = $1 AND m.state = 'ready' AND m.priority >= $2 AND m.priority <= $2
+                        AND m.msg_id > $3 AND m.msg_id < $4 AND m.xmax = '0'
+                      ORDER BY m.priority DESC, m.msg_id LIMIT 1)",
+            message_table()
+        ),
         &[queue.into(), priority.into(), after.into(), hint.into()],
     )
     .unwrap_or_else(|e| error!("{e}"))
+}
+
+/// The table the view `pgqueue.messages` reads (0.20.0 on): `xmax` is the table's. Until
+/// ALTER EXTENSION UPDATE from 0.19 or earlier, `pgqueue.messages` is that table.
+fn message_table() -> &'static str {
+    // SAFETY: catalog cache lookups of NUL-terminated names, inside a transaction.
+    let renamed = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"pgqueue".as_ptr(), true);
+        pg_sys::get_relname_relid(c"message_rows".as_ptr(), schema) != pg_sys::InvalidOid
+    };
+    if renamed { "pgqueue.message_rows" } else { "pgqueue.messages" }
 }
 
 /// (priority, lowest claimable msg_id, -, busy) per priority, and (-, -, earliest due time, -).

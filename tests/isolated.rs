@@ -98,7 +98,7 @@ fn claim_promotes(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, q: &str) ->
 }
 
 fn vacuum(c: &mut Client) {
-    c.batch_execute("VACUUM (ANALYZE) pgqueue.messages").unwrap();
+    c.batch_execute("VACUUM (ANALYZE) pgqueue.message_rows").unwrap();
 }
 
 /// A session whose nested statements' plans arrive as notices, with `extra` settings.
@@ -199,7 +199,7 @@ fn a_claim_does_not_walk_rows_that_are_not_ready_in_msg_id_order() {
         c.execute("SELECT pgqueue.pgq_send_batch('head', $1)", &[&thousand]).unwrap();
     }
     c.execute("SELECT pgqueue.pgq_tick()", &[]).unwrap();
-    c.batch_execute("VACUUM ANALYZE pgqueue.messages").unwrap();
+    c.batch_execute("VACUUM ANALYZE pgqueue.message_rows").unwrap();
     let mut held = server.connect("postgres");
     let mut hold = held.transaction().unwrap();
     let first: i64 = hold.query_one("SELECT msg_id FROM pgqueue.pgq_claim('head')", &[]).unwrap().get(0);
@@ -207,7 +207,7 @@ fn a_claim_does_not_walk_rows_that_are_not_ready_in_msg_id_order() {
         c.execute("SELECT count(*) FROM pgqueue.pgq_claim('head', 1000)", &[]).unwrap();
     }
     hold.rollback().unwrap();
-    c.batch_execute("VACUUM pgqueue.messages").unwrap();
+    c.batch_execute("VACUUM pgqueue.message_rows").unwrap();
     let second: i64 = c
         .query_one("SELECT min(msg_id) FROM pgqueue.messages WHERE state = 'ready' AND msg_id > $1", &[&first])
         .unwrap()
@@ -279,7 +279,7 @@ fn a_pinned_horizon_does_not_make_claims_walk_dead_entries() {
     c.execute("SELECT pgqueue.pgq_send_batch($1, $2)", &[&q, &twenty]).unwrap();
     vacuum(&mut c);
     let dead: i64 = c
-        .query_one("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'pgqueue.messages'::regclass", &[])
+        .query_one("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'pgqueue.message_rows'::regclass", &[])
         .unwrap()
         .get(0);
     let after = explain_claim(&mut c, &notices, &q);
@@ -315,7 +315,7 @@ fn hot_counters(c: &mut Client) -> (i64, i64) {
     c.batch_execute("SELECT pg_stat_clear_snapshot()").unwrap();
     let row = c
         .query_one(
-            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'pgqueue.messages'::regclass",
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'pgqueue.message_rows'::regclass",
             &[],
         )
         .unwrap();

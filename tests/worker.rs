@@ -454,7 +454,7 @@ fn sigterm_ends_the_workers_statement_under_way() {
     let mut c = server.connect("postgres");
     c.batch_execute("SELECT pgqueue.pgq_create_queue('stop'); SELECT pgqueue.pgq_send('stop', '{}')").unwrap();
     let mut locker = server.connect("postgres");
-    locker.batch_execute("BEGIN; LOCK TABLE pgqueue.messages IN ACCESS EXCLUSIVE MODE").unwrap();
+    locker.batch_execute("BEGIN; LOCK TABLE pgqueue.message_rows IN ACCESS EXCLUSIVE MODE").unwrap();
     let pid = wait_for("the worker waiting for the lock", LIMIT, || {
         c.query_opt(
             "SELECT pid FROM pg_stat_activity WHERE backend_type = 'pgqueue worker' AND wait_event_type = 'Lock'",
@@ -471,7 +471,7 @@ fn sigterm_ends_the_workers_statement_under_way() {
     let held: bool = locker
         .query_one(
             "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = pg_backend_pid() AND mode = 'AccessExclusiveLock'
-                              AND relation = 'pgqueue.messages'::regclass AND granted)",
+                              AND relation = 'pgqueue.message_rows'::regclass AND granted)",
             &[],
         )
         .unwrap()

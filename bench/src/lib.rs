@@ -743,11 +743,18 @@ impl System {
         }
     }
 
-    /// Where its messages are.
-    fn table(self) -> &'static str {
+    /// The table its messages are in: for pgqueue the one behind the view pgqueue.messages
+    /// (0.20.0 on) or, in earlier releases, that table itself.
+    fn table(self, c: &mut Client) -> String {
         match self {
-            System::Pgqueue => "pgqueue.messages",
-            System::Baseline => "bench_baseline.jobs",
+            System::Pgqueue => c
+                .query_one(
+                    "SELECT coalesce(to_regclass('pgqueue.message_rows'), 'pgqueue.messages'::regclass)::text",
+                    &[],
+                )
+                .unwrap()
+                .get(0),
+            System::Baseline => "bench_baseline.jobs".into(),
         }
     }
 }
@@ -1195,8 +1202,6 @@ CREATE TABLE bench_baseline.jobs (
     enqueued_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX jobs_vt_idx ON bench_baseline.jobs (vt);
--- A plain table of pgqueue's shape, for the enqueue comparison.
-CREATE TABLE bench_baseline.plain (LIKE pgqueue.messages INCLUDING ALL);
 ";
 
 pub struct Bench {
@@ -1296,6 +1301,9 @@ impl Bench {
     /// An empty queue in both systems.
     fn reset(&self, c: &mut Client) {
         c.batch_execute(BASELINE_SQL).unwrap();
+        // A plain table of pgqueue's shape, for the enqueue comparison.
+        let table = System::Pgqueue.table(c);
+        c.batch_execute(&format!("CREATE TABLE bench_baseline.plain (LIKE {table} INCLUDING ALL)")).unwrap();
         c.batch_execute(&format!(
             "SELECT pgqueue.pgq_drop_queue(queue, force => true) FROM pgqueue.queues WHERE queue LIKE '{QUEUE}%';
              SELECT pgqueue.pgq_create_queue('{QUEUE}', lease => '1 hour', retention => '1 day');"
@@ -1429,7 +1437,8 @@ impl Bench {
 
     fn vacuum(c: &mut Client) {
         // One statement each: VACUUM refuses to run in the implicit transaction of a batch.
-        c.batch_execute("VACUUM (ANALYZE) pgqueue.messages").unwrap();
+        let table = System::Pgqueue.table(c);
+        c.batch_execute(&format!("VACUUM (ANALYZE) {table}")).unwrap();
         c.batch_execute("VACUUM (ANALYZE) bench_baseline.jobs").unwrap();
     }
 
@@ -1788,7 +1797,7 @@ impl Bench {
 
     /// The hot table's size with indexes and TOAST; (that, its heap, each index).
     fn hot_sizes(c: &mut Client, system: System) -> (i64, i64, Vec<RelSize>) {
-        let table = system.table();
+        let table = system.table(c);
         let row = c
             .query_one(&format!("SELECT pg_total_relation_size('{table}'), pg_relation_size('{table}')"), &[])
             .unwrap();
@@ -1839,7 +1848,8 @@ impl Bench {
                     // A compact hot table (earlier scenarios leave its indexes large), then a
                     // checkpoint: no timed one falls in the run, and the full-page images
                     // after this one land in the warm-up.
-                    c.batch_execute("VACUUM FULL pgqueue.messages").unwrap();
+                    let table = System::Pgqueue.table(&mut c);
+                    c.batch_execute(&format!("VACUUM FULL {table}")).unwrap();
                     Self::vacuum(&mut c);
                     c.batch_execute("CHECKPOINT").unwrap();
                     let (w0, t0) = (Self::wal_at(&mut c), Instant::now());
@@ -1915,7 +1925,7 @@ impl Bench {
         let (consumers, qty) = (s.bloat_consumers, self.harness_qty(s.bloat_consumers));
         let mut runs = vec![];
         for system in [System::Pgqueue, System::Baseline] {
-            let table = system.table();
+            let table = system.table(&mut c);
             let spec = FleetSpec {
                 system,
                 mode: Mode::OneCall,
@@ -2044,7 +2054,8 @@ impl Bench {
              SELECT pgqueue.pgq_send_batch('bench_live', (SELECT array_agg('{}'::jsonb) FROM generate_series(1, 10000)));",
         )
         .unwrap();
-        c.batch_execute("VACUUM (ANALYZE) pgqueue.messages").unwrap();
+        let table = System::Pgqueue.table(&mut c);
+        c.batch_execute(&format!("VACUUM (ANALYZE) {table}")).unwrap();
         let live = |stop: Arc<AtomicBool>, dsn: String| {
             std::thread::spawn(move || {
                 let mut c = Client::connect(&dsn, NoTls).unwrap();
@@ -2296,12 +2307,12 @@ impl Bench {
             self.fill(&mut c, system, 1_000, "0");
             let held: Vec<(i64, Option<Uuid>)> =
                 c.query(Self::claim_sql(system), &[&1000i32]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
-            let (table, renew) = match system {
-                System::Pgqueue => ("pgqueue.messages", "SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)"),
-                System::Baseline => (
-                    "bench_baseline.jobs",
-                    "UPDATE bench_baseline.jobs SET vt = now() + interval '30 s' WHERE id = $1 AND $2::uuid IS NULL",
-                ),
+            let table = system.table(&mut c);
+            let renew = match system {
+                System::Pgqueue => "SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)",
+                System::Baseline => {
+                    "UPDATE bench_baseline.jobs SET vt = now() + interval '30 s' WHERE id = $1 AND $2::uuid IS NULL"
+                }
             };
             let counters = |c: &mut Client| -> (i64, i64) {
                 c.batch_execute("SELECT pg_stat_force_next_flush()").unwrap();
@@ -2365,7 +2376,7 @@ impl Bench {
 
     /// The queue table's dead tuples and size now.
     fn table_state(c: &mut Client, system: System, when: &str) -> TableState {
-        let table = system.table();
+        let table = system.table(c);
         let row = c
             .query_one(
                 &format!("SELECT pg_stat_get_dead_tuples('{table}'::regclass), pg_total_relation_size('{table}')"),
@@ -2531,7 +2542,7 @@ impl Bench {
                 (0, 0.0)
             }
             Pin::Readers { repeatable } => {
-                let count = format!("SELECT count(*) FROM {}", system.table());
+                let count = format!("SELECT count(*) FROM {}", system.table(&mut self.connect()));
                 let (begin, end) =
                     if repeatable { ("BEGIN ISOLATION LEVEL REPEATABLE READ", "COMMIT") } else { ("", "") };
                 let readers: Vec<Client> = (0..self.sizes.pin_readers).map(|_| self.connect()).collect();

@@ -9,7 +9,7 @@ against COPY into a table with one index.
     python bench/write_path/probe.py "host=127.0.0.1 port=54999 user=postgres" [jobs]
 
 The server needs pgqueue installed (CREATE EXTENSION is run) and pg_stat_wal (PostgreSQL 14+).
-The send breakdown empties pgqueue.messages (TRUNCATE): run the probe on a scratch server.
+The send breakdown empties pgqueue.message_rows (TRUNCATE): run the probe on a scratch server.
 """
 
 import statistics
@@ -62,7 +62,7 @@ CREATE TABLE proto.done (
 -- pgqueue's hot table as it is (columns, constraints, indexes), and the same with the columns
 -- a claim changes moved after the payload, so that the update's WAL record can leave the
 -- unchanged prefix out (PostgreSQL does when the new version stays on the same page).
-CREATE TABLE proto.current (LIKE pgqueue.messages INCLUDING ALL) WITH (fillfactor = 80);
+CREATE TABLE proto.current (LIKE pgqueue.message_rows INCLUDING ALL) WITH (fillfactor = 80);
 CREATE TABLE proto.reordered (
     msg_id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue            text NOT NULL,
@@ -91,7 +91,7 @@ CREATE INDEX ON proto.reordered (session_pid) WHERE session_pid IS NOT NULL;
 -- index, the ready and delayed rows told apart by visible_at, no in-flight index. A claim is
 -- then a HOT update (where the page has room), and its WAL record leaves out the unchanged
 -- prefix and suffix of the row.
-CREATE TABLE proto.hot (LIKE pgqueue.messages INCLUDING DEFAULTS INCLUDING IDENTITY INCLUDING CONSTRAINTS)
+CREATE TABLE proto.hot (LIKE pgqueue.message_rows INCLUDING DEFAULTS INCLUDING IDENTITY INCLUDING CONSTRAINTS)
     WITH (fillfactor = 80);
 CREATE TABLE proto.hot_reordered (LIKE proto.reordered INCLUDING DEFAULTS INCLUDING IDENTITY) WITH (fillfactor = 80);
 ALTER TABLE proto.hot ADD PRIMARY KEY (msg_id);
@@ -161,8 +161,8 @@ def measure(c, name, jobs, run, hot):
 # The send breakdown's tables, each created afresh before its measurement. pgqueue's table as
 # it is (LIKE does not copy the fillfactor), then one change at a time.
 SEND_TABLES = {
-    "copy": "CREATE TABLE proto.send (LIKE pgqueue.messages INCLUDING ALL) WITH (fillfactor = 80)",
-    "copy, fillfactor 100": "CREATE TABLE proto.send (LIKE pgqueue.messages INCLUDING ALL) WITH (fillfactor = 100)",
+    "copy": "CREATE TABLE proto.send (LIKE pgqueue.message_rows INCLUDING ALL) WITH (fillfactor = 80)",
+    "copy, fillfactor 100": "CREATE TABLE proto.send (LIKE pgqueue.message_rows INCLUDING ALL) WITH (fillfactor = 100)",
     # Written out, not ALTER TABLE … DROP COLUMN: a dropped column stays in every new row's
     # attribute count, and so in its null bitmap.
     "copy, claim columns dropped": """
@@ -183,10 +183,10 @@ SEND_TABLES = {
         CREATE INDEX ON proto.send (queue, visible_at) WHERE state = 'delayed';
         CREATE INDEX ON proto.send (msg_id) WHERE state = 'claimed'""",
     "copy, primary key only": """
-        CREATE TABLE proto.send (LIKE pgqueue.messages INCLUDING ALL EXCLUDING INDEXES) WITH (fillfactor = 80);
+        CREATE TABLE proto.send (LIKE pgqueue.message_rows INCLUDING ALL EXCLUDING INDEXES) WITH (fillfactor = 80);
         ALTER TABLE proto.send ADD PRIMARY KEY (msg_id)""",
     "copy, ready index only": """
-        CREATE TABLE proto.send (LIKE pgqueue.messages INCLUDING ALL EXCLUDING INDEXES) WITH (fillfactor = 80);
+        CREATE TABLE proto.send (LIKE pgqueue.message_rows INCLUDING ALL EXCLUDING INDEXES) WITH (fillfactor = 80);
         CREATE INDEX ON proto.send (queue, priority DESC, msg_id) WHERE state = 'ready'""",
     "floor": """
         CREATE TABLE proto.send (
@@ -269,12 +269,12 @@ def send_breakdown(c, jobs):
     # queue is 'probe', as in the copies' rows: its name is stored in each row and in each
     # ready-index entry. Then the queue of the table above, whose name is 6 bytes longer.
     for queue in ("probe", "probe_sends"):
-        c.execute("TRUNCATE pgqueue.messages")
+        c.execute("TRUNCATE pgqueue.message_rows")
         measure_sends(
             c, f"pgq_send_batch, queue '{queue}'", jobs,
             lambda n, queue=queue: c.execute(
                 "SELECT count(*) FROM pgqueue.pgq_send_batch(%s, %s::jsonb[])", (queue, payloads(n))),
-            "pgqueue.messages",
+            "pgqueue.message_rows",
         )
     for name, table, send in (
         ("INSERT … unnest, copy of its table (fillfactor 80, 5 indexes)", "copy", insert_unnest),
@@ -431,7 +431,7 @@ def main():
             "| dead rows left | WAL of the VACUUM that removes them |"
         )
         print("|---|---|---|---|---|---|---|---|")
-        m = ["pgqueue.messages"]
+        m = ["pgqueue.message_rows"]
         p = ["proto.messages"]
         measure(c, "pgqueue (send_batch, ack_claim)", jobs, lambda n: pgqueue(c, n), m)
         measure(c, "pgqueue sends alone (send_batch)", jobs, lambda n: sends_alone(n, lambda k: send_batch(c, "probe_sends", k)), [])

@@ -1,4 +1,4 @@
-//! Upgrades, backups and standbys: servers of their own, and the test cluster's
+//! Upgrades, backups, standbys and crashes: servers of their own, and the test cluster's
 //! `pgqueue.databases` restricted while an update or a restore runs (`workers_only_in`).
 //! One binary, so the kit compiles once: each test takes its file's turn
 //! (`common::file_turn`), so the files run one after another as separate binaries did, and
@@ -8,5 +8,6 @@
 mod common;
 
 mod backup;
+mod crash;
 mod standby;
 mod upgrade;

@@ -219,6 +219,12 @@ fn alter_extension_update_from_0_19_0_equals_a_fresh_install() {
     update_from("0.19.0");
 }
 
+#[test]
+fn alter_extension_update_from_0_19_1_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
+    update_from("0.19.1");
+}
+
 /// Updates quiet the workers of the whole cluster for a while: one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
