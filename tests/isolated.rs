@@ -513,7 +513,7 @@ fn the_orphan_step_cannot_walk_the_in_flight_index() {
     tx.rollback().unwrap();
     assert_eq!(expired, 0, "its claimer is alive");
     let plans = notices.lock().unwrap().join("\n");
-    assert!(plans.contains("\"Relation Name\": \"messages\""), "the step's plan was seen: {plans}");
+    assert!(plans.contains("\"Relation Name\": \"message_rows\""), "the step's plan was seen: {plans}");
     assert!(!plans.contains("messages_claimed_idx"), "{plans}");
 }
 

@@ -115,7 +115,7 @@ fn send_in_transaction(c: &mut Client, q: &str, key: &str, start: Option<&Barrie
     let id: i64 = tx.query_one("SELECT pgqueue.pgq_send($1, '{}', dedup_key => $2)", &[&q, &key]).unwrap().get(0);
     // Whoever enqueued it wrote the row: its xmin is that transaction's.
     let mine: bool = tx
-        .query_one("SELECT xmin = pg_current_xact_id()::xid FROM pgqueue.messages WHERE msg_id = $1", &[&id])
+        .query_one("SELECT xmin = pg_current_xact_id()::xid FROM pgqueue.message_rows WHERE msg_id = $1", &[&id])
         .unwrap()
         .get(0);
     tx.commit().unwrap();
