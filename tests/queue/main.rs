@@ -16,3 +16,4 @@ mod concurrency;
 mod maintenance;
 mod operators;
 mod results;
+mod write_path;
