@@ -10,7 +10,6 @@ use crate::common;
 use common::server::Server;
 use common::{Claimed, Client, ack, claim, claim_one, message, send_many, wait_for};
 use std::time::Duration;
-use uuid::Uuid;
 
 const LIMIT: Duration = Duration::from_secs(30);
 const CONF: &[&str] = &["pgqueue.tick_interval = '100ms'", "max_prepared_transactions = 10"];
@@ -30,10 +29,6 @@ fn ticks(c: &mut Client) -> i64 {
 fn let_ticks_pass(c: &mut Client, n: i64) {
     let from = ticks(c);
     wait_for("the worker's ticks", LIMIT, || (ticks(c) >= from + n).then_some(()));
-}
-
-fn acked(c: &mut Client, id: i64, token: Uuid) -> bool {
-    c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&id, &token]).unwrap().get(0)
 }
 
 #[test]
@@ -138,7 +133,7 @@ fn prepared_claims_nacks_and_acks_are_neither_handed_out_twice_nor_lost() {
     assert!(!ack(&mut c, &others[0]), "the nacked attempt's token is stale");
 
     // A prepared claim rolled back: the message comes back with its attempt not counted.
-    assert!(acked(&mut c, again.id, again.token));
+    assert!(ack(&mut c, &again));
     c.execute("SELECT pgqueue.pgq_send('prepared', '{}')", &[]).unwrap();
     p.batch_execute("BEGIN").unwrap();
     let undone = claim_one(&mut p, "prepared", None);
