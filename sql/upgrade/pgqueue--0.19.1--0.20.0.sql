@@ -9,6 +9,20 @@
 -- lock on the table for an instant; no row is rewritten.
 
 ALTER TABLE pgqueue.messages RENAME TO message_rows;
+-- PostgreSQL 18 keeps NOT NULL constraints by name, made from the table's when it was
+-- created: a fresh install's are message_rows_<column>_not_null. (Before 18 there are none.)
+DO $$
+DECLARE
+    old name;
+BEGIN
+    FOR old IN SELECT c.conname FROM pg_catalog.pg_constraint c
+                WHERE c.conrelid = 'pgqueue.message_rows'::regclass AND c.contype = 'n'
+                  AND c.conname LIKE 'messages\_%\_not\_null' LOOP
+        EXECUTE pg_catalog.format('ALTER TABLE pgqueue.message_rows RENAME CONSTRAINT %I TO %I', old,
+                                  'message_rows' || pg_catalog.substr(old, pg_catalog.length('messages') + 1));
+    END LOOP;
+END
+$$;
 
 CREATE VIEW pgqueue.messages AS
 SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, visible_at, claim_token,
