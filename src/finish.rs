@@ -3,7 +3,7 @@
 
 use crate::dependencies;
 use crate::outcome_wait;
-use crate::statement::Statement;
+use crate::statement::{Statement, has_column};
 use pgrx::AnyArray;
 use pgrx::pg_sys::{self, INT8ARRAYOID, JSONBARRAYOID, TEXTOID, UUIDARRAYOID};
 use pgrx::prelude::*;
@@ -112,22 +112,14 @@ static TO_HISTORY_0_14: Statement = to_history!("false", "NULL::jsonb", "false",
 /// Which release's tables this database has, by the newest column each added: catalog cache
 /// lookups, no query, so that an ack costs the same.
 fn layout() -> &'static Statement {
-    // SAFETY: catalog cache lookups of NUL-terminated names, inside a transaction.
-    unsafe {
-        let schema = pg_sys::get_namespace_oid(c"pgqueue".as_ptr(), true);
-        let has = |table: &CStr, column: &CStr| {
-            let relation = pg_sys::get_relname_relid(table.as_ptr(), schema);
-            relation != pg_sys::InvalidOid && pg_sys::get_attnum(relation, column.as_ptr()) > 0
-        };
-        if has(c"history", c"after") {
-            &TO_HISTORY
-        } else if has(c"history", c"result") {
-            &TO_HISTORY_0_16
-        } else if has(c"messages", c"cancel_requested_at") {
-            &TO_HISTORY_0_15
-        } else {
-            &TO_HISTORY_0_14
-        }
+    if has_column(c"history", c"after") {
+        &TO_HISTORY
+    } else if has_column(c"history", c"result") {
+        &TO_HISTORY_0_16
+    } else if has_column(c"messages", c"cancel_requested_at") {
+        &TO_HISTORY_0_15
+    } else {
+        &TO_HISTORY_0_14
     }
 }
 

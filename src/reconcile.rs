@@ -9,6 +9,7 @@
 
 use crate::queue_state::{self, Key, State};
 use crate::recount;
+use crate::statement::has_column;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -185,12 +186,7 @@ fn first_free(queue: &str, priority: i16, after: i64, hint: i64) -> Option<i64> 
 /// The table the view `pgqueue.messages` reads (0.20.0 on): `xmax` is the table's. Until
 /// ALTER EXTENSION UPDATE from 0.19 or earlier, `pgqueue.messages` is that table.
 fn message_table() -> &'static str {
-    // SAFETY: catalog cache lookups of NUL-terminated names, inside a transaction.
-    let renamed = unsafe {
-        let schema = pg_sys::get_namespace_oid(c"pgqueue".as_ptr(), true);
-        pg_sys::get_relname_relid(c"message_rows".as_ptr(), schema) != pg_sys::InvalidOid
-    };
-    if renamed { "pgqueue.message_rows" } else { "pgqueue.messages" }
+    if has_column(c"message_rows", c"msg_id") { "pgqueue.message_rows" } else { "pgqueue.messages" }
 }
 
 /// (priority, lowest claimable msg_id, -, busy) per priority, and (-, -, earliest due time, -).

@@ -9,6 +9,18 @@ use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::ffi::CStr;
 
+/// Whether this database's pgqueue tables have `table.column`: the library runs the previous
+/// release's SQL until ALTER EXTENSION UPDATE, and picks its statements' text by what the
+/// tables have. Catalog cache lookups, no query.
+pub fn has_column(table: &CStr, column: &CStr) -> bool {
+    // SAFETY: catalog cache lookups of NUL-terminated names, inside a transaction.
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"pgqueue".as_ptr(), true);
+        let relation = pg_sys::get_relname_relid(table.as_ptr(), schema);
+        relation != pg_sys::InvalidOid && pg_sys::get_attnum(relation, column.as_ptr()) > 0
+    }
+}
+
 /// A statement and its argument types; a `static`, whose address names its kept plan.
 pub struct Statement {
     pub sql: &'static CStr,
