@@ -194,6 +194,38 @@ fn the_worker_rearms_an_expired_claim_by_itself() {
     });
 }
 
+/// Messages made ready around the API, below their hint, are claimed in order once the tick's
+/// check has run, while the first of them is held locked by another transaction: the check
+/// lowers the hint (to that message, or first to the free one after it), and no tick fails.
+#[test]
+fn the_check_lowers_a_hint_past_a_message_held_locked_below_it() {
+    let _serial = serial();
+    let mut c = connect();
+    let q = new_queue(&mut c, "");
+    let ids: Vec<i64> = (0..3).map(|_| send(&mut c, &q, json!({}))).collect();
+    c.query("SELECT * FROM pgqueue.pgq_claim($1, 2)", &[&q]).unwrap();
+    // Made ready again by hand: no commit of the API lowers the hint, which stays past them.
+    c.execute(
+        "UPDATE pgqueue.messages SET state = 'ready', claim_token = NULL, claimed_at = NULL, consumer = NULL,
+                lease_expires_at = NULL, session_pid = NULL, session_started = NULL
+          WHERE msg_id = ANY ($1)",
+        &[&ids[..2].to_vec()],
+    )
+    .unwrap();
+    let mut holder = connect();
+    let mut hold = holder.transaction().unwrap();
+    hold.query("SELECT FROM pgqueue.messages WHERE msg_id = $1 FOR UPDATE", &[&ids[0]]).unwrap();
+    let failures = stat(&mut c, "tick_failures");
+    let pid = worker_backend(&mut c).expect("the worker runs");
+    let (_, ticks, _) = worker_state(&mut c).unwrap();
+    let (_, ticks, _) = ticks_beyond(&mut c, pid, ticks + 3);
+    let first: i64 = c.query_one("SELECT msg_id FROM pgqueue.pgq_claim($1)", &[&q]).unwrap().get(0);
+    assert_eq!(first, ids[1], "the free message below the hint comes first, not the one after the hint");
+    hold.rollback().unwrap();
+    ticks_beyond(&mut c, pid, ticks + 1);
+    assert_eq!(stat(&mut c, "tick_failures"), failures, "no tick failed");
+}
+
 #[test]
 fn a_hundred_thousand_abandoned_claims_drain_in_bounded_passes_while_live_work_flows() {
     const ABANDONED: i64 = 100_000;
