@@ -116,6 +116,10 @@ COMMENT ON TABLE pgqueue.dependencies IS
     'one row per parent a message waits or waited for, with how the parent ended; removed when the child finishes';
 COMMENT ON TABLE pgqueue.park_keys IS
     'one row per key messages park on or that was signalled, with the signal kept for parks to come';
+COMMENT ON TABLE pgqueue.claims IS
+    'the claim ledger: one row per claim call, naming the messages it took and their attempts, until none is held under it';
+COMMENT ON TABLE pgqueue.claim_key IS
+    'the secret claim tokens are signed with (the oldest row); only its owner reads it';
 COMMENT ON TABLE pgqueue.worker_state IS
     'one row: the counters behind pgqueue.worker_stats, written at every tick';
 COMMENT ON TABLE pgqueue.queue_minutes IS

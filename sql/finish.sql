@@ -93,7 +93,10 @@ BEGIN
     PERFORM pgqueue._check_delay(retry_in, 'retry_in');
     SELECT m.msg_id, m.queue, m.priority, m.attempt, q.max_attempts, m.cancel_requested_at INTO h
       FROM pgqueue.message_rows m JOIN pgqueue.queues q ON q.queue = m.queue
-     WHERE m.msg_id = msg_id AND m.claim_token = claim_token AND m.state = 'claimed'
+     WHERE m.msg_id = msg_id
+       AND pgqueue._vouched(m.claim_token = claim_token AND m.state = 'claimed', claim_token, m.msg_id, m.attempt,
+                            (SELECT pgqueue._claim_key()),
+                            EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE OF m;
     IF NOT FOUND THEN

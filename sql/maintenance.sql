@@ -33,6 +33,29 @@ BEGIN ATOMIC
     SELECT count(*) FROM expired;
 END;
 
+-- Step "claims": deletes the claim ledger's rows none of whose messages is held under them any
+-- more (finished, released or claimed again since), looking at up to max_rows rows after
+-- after_claim_id (the caller's cursor: 0 starts from the first). A row once found so stays
+-- so: a message its claim has let go is never held under it again. Returns the rows looked
+-- at, those deleted, and the last id looked at.
+CREATE FUNCTION pgqueue._prune_claims(after_claim_id bigint, max_rows integer)
+RETURNS TABLE (looked bigint, pruned bigint, last_claim_id bigint)
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH looked_at AS MATERIALIZED (
+        SELECT c.claim_id FROM pgqueue.claims c WHERE c.claim_id > after_claim_id
+         ORDER BY c.claim_id LIMIT max_rows
+    ), gone AS (
+        DELETE FROM pgqueue.claims c USING looked_at l
+         WHERE c.claim_id = l.claim_id
+           AND NOT EXISTS (SELECT FROM pgqueue.message_rows m
+                            WHERE m.msg_id = ANY (c.msg_ids) AND m.state = 'claimed'
+                              AND pgqueue._token_claim(m.claim_token) = c.claim_id)
+        RETURNING c.claim_id
+    )
+    SELECT (SELECT count(*) FROM looked_at), (SELECT count(*) FROM gone), (SELECT max(l.claim_id) FROM looked_at l);
+END;
+
 -- Step "reconcile" (src/reconcile.rs): for each priority the shared state lists, its lowest
 -- claimable msg_id; then, in the gaps between the listed priorities, any priority it does not
 -- list (a loose index scan: one probe per priority found); and the earliest due time.
@@ -358,6 +381,8 @@ BEGIN ATOMIC
         released = released + coalesce((counts->>'released')::bigint, 0),
         park_failures = park_failures + coalesce((counts->>'park_failures')::bigint, 0),
         park_timeouts = park_timeouts + coalesce((counts->>'park_timeouts')::bigint, 0),
+        claims_failures = claims_failures + coalesce((counts->>'claims_failures')::bigint, 0),
+        claims_pruned = claims_pruned + coalesce((counts->>'claims_pruned')::bigint, 0),
         last_error = coalesce(counts->>'error', last_error),
         last_error_at = CASE WHEN counts ? 'error' THEN now() ELSE last_error_at END;
 END;

@@ -110,6 +110,33 @@ SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, v
        cancel_requested_at, progress, after, has_dependents, park_key, park_until
   FROM pgqueue.message_rows;
 
+-- The claim ledger (docs/design/write-path.md, step 2): one row per claim call, naming the
+-- messages it took and the attempt it took each at. A claim's tokens name its row and carry
+-- a MAC under pgqueue.claim_key, so fencing finds the row by its key. The rows above still
+-- decide who holds a message; fencing checks that the ledger vouches for every claim they
+-- hold (XX000 where it does not), so that a later release can stop writing them. The tick
+-- deletes a row once none of its messages is held under it. Ids fit 48 bits (the token's).
+CREATE TABLE pgqueue.claims (
+    claim_id   bigint GENERATED ALWAYS AS IDENTITY (MAXVALUE 281474976710655) PRIMARY KEY,
+    queue      text NOT NULL,
+    msg_ids    bigint[] NOT NULL,   -- ascending
+    attempts   integer[] NOT NULL,  -- beside msg_ids: the attempt each was claimed at
+    claimed_at timestamptz NOT NULL,
+    CONSTRAINT claims_shape CHECK (pg_catalog.cardinality(msg_ids) >= 1
+                                   AND pg_catalog.cardinality(msg_ids) = pg_catalog.cardinality(attempts))
+);
+
+-- The installation's secret for claim tokens (16 random bytes), readable by its owner only.
+-- The oldest row is the key: a restore adds the dumped key, older than the one its CREATE
+-- EXTENSION made, so tokens handed out before the dump still verify.
+CREATE TABLE pgqueue.claim_key (
+    key     bytea NOT NULL CONSTRAINT claim_key_length CHECK (pg_catalog.octet_length(key) = 16),
+    made_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO pgqueue.claim_key (key)
+VALUES (pg_catalog.substr(pg_catalog.sha256(pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+                                            || pg_catalog.uuid_send(pg_catalog.gen_random_uuid())), 1, 16));
+
 -- Unique jobs: one row per (queue, key) taken by a send with a dedup_key. The primary key is
 -- what keeps a second copy out, under any concurrency. expires_at is NULL while the message
 -- waits or runs; when it finishes, the key is released (hold 0) or kept until now() + hold.
@@ -248,6 +275,11 @@ SELECT pg_catalog.pg_extension_config_dump('pgqueue.audit_log', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.audit_log_action_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.dependencies', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.park_keys', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.claims', '');
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.claims_claim_id_seq', '');
+-- The key in use only (see pgqueue.claim_key), so that dumps of restores do not pile keys up.
+SELECT pg_catalog.pg_extension_config_dump('pgqueue.claim_key',
+    'WHERE made_at = (SELECT pg_catalog.min(k.made_at) FROM pgqueue.claim_key k)');
 
 -- Prune backoff: queues whose pruning was blocked or skipped repeatedly wait a while.
 CREATE TABLE pgqueue.prune_state (
@@ -302,6 +334,8 @@ CREATE TABLE pgqueue.worker_state (
     dependency_failures  bigint NOT NULL DEFAULT 0,
     released             bigint NOT NULL DEFAULT 0, -- pending messages the tick found done waiting
     park_failures        bigint NOT NULL DEFAULT 0,
-    park_timeouts        bigint NOT NULL DEFAULT 0  -- parked messages whose wait ended with no signal
+    park_timeouts        bigint NOT NULL DEFAULT 0, -- parked messages whose wait ended with no signal
+    claims_failures      bigint NOT NULL DEFAULT 0,
+    claims_pruned        bigint NOT NULL DEFAULT 0  -- claim ledger rows deleted, none of their messages held
 );
 INSERT INTO pgqueue.worker_state DEFAULT VALUES;

@@ -54,7 +54,8 @@ SELECT current_database() AS database,
        w.prune_skipped_active, w.prune_backed_off, w.prune_error, w.pruned_rows,
        w.last_error, w.last_error_at, w.reconcile_failures, w.hint_corrections,
        w.schedule_failures, w.keys_failures, w.scheduled_runs, w.missed_runs, w.schedule_errors, w.keys_expired,
-       w.rollup_failures, w.last_rollup_at, w.dependency_failures, w.released, w.park_failures, w.park_timeouts
+       w.rollup_failures, w.last_rollup_at, w.dependency_failures, w.released, w.park_failures, w.park_timeouts,
+       w.claims_failures, w.claims_pruned
   FROM pgqueue.worker_state w;
 
 -- Every schedule: when it runs next, its last run (the slot) and how late that was enqueued,

@@ -238,15 +238,42 @@ static PICK_FROM: Statement = Statement {
               FOR UPDATE SKIP LOCKED",
     args: &[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID],
 };
+/// Claims the picked rows and writes the call's claim ledger row (`pgqueue.claims`): the rows'
+/// new attempts, read from the rows this claim holds locked, and their tokens, which name the
+/// ledger row (ledger.rs). One statement, as before the ledger.
 static CLAIM: Statement = Statement {
+    sql: c"WITH taken AS (
+               SELECT m.msg_id, m.attempt + 1 AS attempt FROM pgqueue.messages m WHERE m.msg_id = ANY ($1)
+           ), ledger AS (
+               INSERT INTO pgqueue.claims (queue, msg_ids, attempts, claimed_at)
+               SELECT $7, pg_catalog.array_agg(t.msg_id ORDER BY t.msg_id),
+                      pg_catalog.array_agg(t.attempt ORDER BY t.msg_id), $2
+                 FROM taken t
+               RETURNING claim_id
+           )
+           UPDATE pgqueue.messages m
+              SET state = 'claimed', attempt = m.attempt + 1,
+                  claim_token = pgqueue._claim_token((SELECT pgqueue._claim_key()), l.claim_id, m.msg_id,
+                                                     m.attempt + 1),
+                  claimed_at = $2, lease_expires_at = $2 + $3, consumer = $4,
+                  session_pid = $5, session_started = $6
+             FROM ledger l
+            WHERE m.msg_id = ANY ($1)
+           RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
+                     m.enqueued_at, m.lease_expires_at",
+    args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
+};
+/// The same for a database still running 0.20's SQL or earlier (until ALTER EXTENSION
+/// UPDATE): no ledger, random tokens.
+static CLAIM_0_20: Statement = Statement {
     sql: c"UPDATE pgqueue.messages m
               SET state = 'claimed', claim_token = pg_catalog.gen_random_uuid(), attempt = m.attempt + 1,
                   claimed_at = $2, lease_expires_at = $2 + $3, consumer = $4,
                   session_pid = $5, session_started = $6
-            WHERE m.msg_id = ANY ($1)
+            WHERE m.msg_id = ANY ($1) AND $7::text IS NOT NULL
            RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
                      m.enqueued_at, m.lease_expires_at",
-    args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID],
+    args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
 };
 static BACKEND_START: Statement =
     Statement { sql: c"SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity($1) a", args: &[INT4OID] };
@@ -421,13 +448,15 @@ fn claim_picked(
     (bound_pid, bound_start): (Option<i32>, Option<TimestampWithTimeZone>),
     outer: pg_sys::MemoryContext,
 ) -> Vec<Claimed> {
-    let rows = CLAIM.run(&[
+    let statement = if crate::statement::has_column(c"claims", c"claim_id") { &CLAIM } else { &CLAIM_0_20 };
+    let rows = statement.run(&[
         picked.to_vec().into_datum(),
         since.into_datum(),
         granted.into_datum(),
         consumer.into_datum(),
         bound_pid.into_datum(),
         bound_start.into_datum(),
+        queue.into_datum(),
     ]);
     let mut claimed: Vec<Claimed> = (0..rows.len())
         .map(|r| {

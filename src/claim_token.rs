@@ -1,5 +1,6 @@
 //! Claim tokens that name their claim, as pure logic: stage 1 of the write path
-//! (docs/design/write-path.md, "Tokens that prove themselves"). Not wired yet.
+//! (docs/design/write-path.md, "Tokens that prove themselves"). Claims issue them and fencing
+//! checks them through `ledger.rs`.
 //!
 //! A token is a version-8 UUID holding the claim's ledger id (48 bits), the attempt (its low
 //! 12 bits) and 62 bits of a SipHash-2-4 MAC of (msg_id, claim id, whole attempt) under the
@@ -7,7 +8,6 @@
 //! current attempt without reading anything but the claim's ledger row by its id: a token of
 //! an attempt that has ended, of another message, or made up, does not verify. Tokens stay
 //! opaque to users and distinct per message and attempt.
-#![cfg_attr(not(test), allow(dead_code))]
 
 use siphasher::sip::SipHasher24;
 use std::hash::Hasher;

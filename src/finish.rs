@@ -26,14 +26,16 @@ use std::ffi::CStr;
 /// Earlier releases' tables lack columns: `$progress`, `$dependents` and `$after` read the
 /// message's, and `$kept` and `$values` the history's extra columns, as the layout has them.
 macro_rules! to_history {
-    ($cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal) => {
+    ($held:expr, $cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal) => {
         Statement {
             sql: match CStr::from_bytes_with_nul(
                 concat!(
                     "WITH gone AS (
                DELETE FROM pgqueue.messages m
                 USING unnest($1, $2, $6) AS u(id, token, result)
-                WHERE m.msg_id = u.id AND ($2 IS NULL OR (m.claim_token = u.token AND m.state = 'claimed'))
+                WHERE m.msg_id = u.id AND ($2 IS NULL OR ",
+                    $held,
+                    ")
                   AND ($5::text IS NULL OR m.queue = $5)
                RETURNING m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
                          m.dedup_key, ",
@@ -86,7 +88,18 @@ macro_rules! to_history {
         }
     };
 }
+/// The fence before the claim ledger (0.20.0 and earlier): the row alone.
+macro_rules! held_by_row {
+    () => {
+        "(m.claim_token = u.token AND m.state = 'claimed')"
+    };
+}
+/// The fence: the message is held under the token, and (0.21.0 on) the claim ledger vouches
+/// for it (ledger.rs; the ledger row looked up in this statement's snapshot).
 static TO_HISTORY: Statement = to_history!(
+    "pgqueue._vouched(m.claim_token = u.token AND m.state = 'claimed', u.token, m.msg_id, m.attempt,
+                      (SELECT pgqueue._claim_key()),
+                      EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(u.token)))",
     "m.cancel_requested_at IS NOT NULL",
     "m.progress",
     "m.has_dependents",
@@ -95,9 +108,19 @@ static TO_HISTORY: Statement = to_history!(
     ", g.result, g.progress, g.after"
 );
 /// The same for a database still running an earlier release's SQL (until ALTER EXTENSION
-/// UPDATE): 0.16.0's has no dependencies; 0.15.0's keeps neither results nor progress;
-/// 0.14.0's messages cannot be cancelled.
+/// UPDATE): 0.20.0's has no claim ledger; 0.16.0's no dependencies; 0.15.0's keeps neither
+/// results nor progress; 0.14.0's messages cannot be cancelled.
+static TO_HISTORY_0_20: Statement = to_history!(
+    held_by_row!(),
+    "m.cancel_requested_at IS NOT NULL",
+    "m.progress",
+    "m.has_dependents",
+    "m.after",
+    ", result, progress, after",
+    ", g.result, g.progress, g.after"
+);
 static TO_HISTORY_0_16: Statement = to_history!(
+    held_by_row!(),
     "m.cancel_requested_at IS NOT NULL",
     "m.progress",
     "false",
@@ -106,14 +129,17 @@ static TO_HISTORY_0_16: Statement = to_history!(
     ", g.result, g.progress"
 );
 static TO_HISTORY_0_15: Statement =
-    to_history!("m.cancel_requested_at IS NOT NULL", "NULL::jsonb", "false", "NULL::bigint[]", "", "");
-static TO_HISTORY_0_14: Statement = to_history!("false", "NULL::jsonb", "false", "NULL::bigint[]", "", "");
+    to_history!(held_by_row!(), "m.cancel_requested_at IS NOT NULL", "NULL::jsonb", "false", "NULL::bigint[]", "", "");
+static TO_HISTORY_0_14: Statement =
+    to_history!(held_by_row!(), "false", "NULL::jsonb", "false", "NULL::bigint[]", "", "");
 
 /// Which release's tables this database has, by the newest column each added: catalog cache
 /// lookups, no query, so that an ack costs the same.
 fn layout() -> &'static Statement {
-    if has_column(c"history", c"after") {
+    if has_column(c"claims", c"claim_id") {
         &TO_HISTORY
+    } else if has_column(c"history", c"after") {
+        &TO_HISTORY_0_20
     } else if has_column(c"history", c"result") {
         &TO_HISTORY_0_16
     } else if has_column(c"messages", c"cancel_requested_at") {

@@ -22,6 +22,7 @@ mod drop_database;
 mod finish;
 mod guc;
 mod in_flight;
+mod ledger;
 mod legacy;
 mod message_rules;
 mod outcome_wait;
@@ -39,7 +40,7 @@ mod tick_counts;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.20.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.21.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -106,7 +107,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.20.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.21.0".into())));
     }
 
     /// `\df+`, `\dv+` and `\dt+` describe every public function, every view and every table

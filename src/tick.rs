@@ -82,6 +82,9 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     // At the prune cadence a pass runs from the start even if no lease seems to have ended:
     // claims and leases written around the API (a restore, an UPDATE) are re-armed then.
     rescue(bracket, &mut out, pass, current_sql, prune_now);
+    if plan.all_steps && level >= SQL_LEDGER {
+        prune_claims(bracket, &mut out);
+    }
     if plan.all_steps {
         // After promote and re-arm, whose commits it then finds announced already. Depths
         // are recounted at the prune cadence (they cost a count of the queue).
@@ -251,6 +254,34 @@ fn expire_keys(bracket: Bracket, out: &mut Outcome) {
     in_batches(bracket, out, "keys", "SELECT pgqueue._expire_dedup_keys(10000)", 10_000, "keys_expired");
 }
 
+/// The claim ledger's rows whose messages are all let go, deleted in batches of
+/// `CLAIMS_BATCH` rows looked at, going on from where the last tick stopped (so that rows
+/// held long at the start of the ledger are not looked at again every tick), from the start
+/// again once a batch reaches the end; within the pass budget.
+fn prune_claims(bracket: Bracket, out: &mut Outcome) {
+    thread_local! {
+        static CURSOR: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
+    }
+    let start = Instant::now();
+    while let Some((looked, pruned, last)) = step(bracket, out, "claims", || {
+        let row = Spi::get_three_with_args::<i64, i64, i64>(
+            "SELECT looked, pruned, last_claim_id FROM pgqueue._prune_claims($1, $2)",
+            &[CURSOR.get().into(), (CLAIMS_BATCH as i32).into()],
+        )
+        .unwrap_or_else(|e| error!("{e}"));
+        (row.0.unwrap_or(0), row.1.unwrap_or(0), row.2)
+    }) {
+        out.add("claims_pruned", pruned);
+        CURSOR.set(if looked < CLAIMS_BATCH { 0 } else { last.unwrap_or(0) });
+        if looked < CLAIMS_BATCH || start.elapsed() >= guc::rescue_pass_budget() {
+            break;
+        }
+    }
+}
+
+/// Claim ledger rows a batch of the "claims" step looks at.
+const CLAIMS_BATCH: i64 = 1000;
+
 /// Runs `sql` (a batch of at most `batch` rows, returning how many it handled) as step `name`
 /// while batches come back full, within the pass budget (the other steps must not starve),
 /// adding what each handled to `counter`.
@@ -380,14 +411,15 @@ fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
 /// Which release's SQL this database runs: until ALTER EXTENSION UPDATE, this library may
 /// run an earlier release's, whose commits announce nothing to the shared state (before
 /// 0.3.0), which has no schedules (before 0.4.0), no rollups (before 0.12.0) and no count of
-/// a queue's dead letters (before 0.13.0), no dependencies (before 0.17.0) and no parking
-/// (before 0.18.0). Known by the functions it has.
+/// a queue's dead letters (before 0.13.0), no dependencies (before 0.17.0), no parking
+/// (before 0.18.0) and no claim ledger (before 0.21.0). Known by the functions it has.
 const SQL_SHARED_STATE: u8 = 3;
 const SQL_SCHEDULES: u8 = 4;
 const SQL_ROLLUPS: u8 = 5;
 const SQL_DEAD_COUNTS: u8 = 6;
 const SQL_DEPENDENCIES: u8 = 7;
 const SQL_PARKS: u8 = 8;
+const SQL_LEDGER: u8 = 9;
 
 /// Pending messages a full tick looks at (one window; the next tick goes on from there).
 const PENDING_WINDOW: i32 = 1000;
@@ -396,10 +428,11 @@ fn sql_level(bracket: Bracket, out: &mut Outcome) -> u8 {
     thread_local! {
         static LEVEL: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
     }
-    if LEVEL.get() < SQL_PARKS {
+    if LEVEL.get() < SQL_LEDGER {
         let level = step(bracket, out, "rearm", || {
             Spi::get_one::<i32>(
-                "SELECT CASE WHEN to_regprocedure('pgqueue._expire_parks(integer)') IS NOT NULL THEN 8
+                "SELECT CASE WHEN to_regprocedure('pgqueue._prune_claims(bigint, integer)') IS NOT NULL THEN 9
+                             WHEN to_regprocedure('pgqueue._expire_parks(integer)') IS NOT NULL THEN 8
                              WHEN to_regprocedure('pgqueue._finish_dependencies(bigint[], text[], bigint[])') IS NOT NULL
                              THEN 7
                              WHEN to_regprocedure('pgqueue._dead_count(text)') IS NOT NULL THEN 6

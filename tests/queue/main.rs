@@ -13,6 +13,7 @@ mod ack_claim;
 mod api;
 mod cancel;
 mod concurrency;
+mod ledger;
 mod maintenance;
 mod operators;
 mod results;

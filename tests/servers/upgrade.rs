@@ -60,7 +60,7 @@ fn rows(c: &mut Client) -> Vec<String> {
         "SELECT json_agg(to_jsonb(t) - ARRAY['reconcile_failures', 'hint_corrections', 'schedule_failures',
                 'keys_failures', 'scheduled_runs', 'missed_runs', 'schedule_errors', 'keys_expired',
                 'rollup_failures', 'last_rollup_at', 'dependency_failures', 'released', 'park_failures',
-                'park_timeouts'])::text
+                'park_timeouts', 'claims_failures', 'claims_pruned'])::text
            FROM pgqueue.worker_state t",
         "SELECT last_value::text FROM pgqueue.messages_msg_id_seq",
     ]
@@ -223,6 +223,12 @@ fn alter_extension_update_from_0_19_0_equals_a_fresh_install() {
 fn alter_extension_update_from_0_19_1_equals_a_fresh_install() {
     let _turn = common::file_turn(file!());
     update_from("0.19.1");
+}
+
+#[test]
+fn alter_extension_update_from_0_20_0_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
+    update_from("0.20.0");
 }
 
 /// Updates quiet the workers of the whole cluster for a while: one at a time.
@@ -397,6 +403,22 @@ fn update_from(previous: &str) {
     assert_eq!(back, 1);
     let claimed: i64 = u.query_one("SELECT count(*) FROM pgqueue.pgq_claim('jobs', qty => 100)", &[]).unwrap().get(0);
     assert_eq!(claimed, 8, "six never claimed, the re-armed one and the redriven one");
+    // The claim ledger has that claim, its eight messages at their attempts, and only that.
+    let ledger: Vec<(i64, i64)> = u
+        .query(
+            "SELECT cardinality(c.msg_ids)::bigint, count(m.*)
+               FROM pgqueue.claims c
+               LEFT JOIN pgqueue.messages m ON m.msg_id = ANY (c.msg_ids) AND m.state = 'claimed'
+                    AND m.attempt = c.attempts[array_position(c.msg_ids, m.msg_id)]
+                    AND pgqueue._token_claim(m.claim_token) = c.claim_id
+              GROUP BY c.claim_id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(ledger, [(8, 8)], "the ledger row of the claim after the update");
     let failures: i64 = u.query_one("SELECT tick_failures FROM pgqueue.worker_state", &[]).unwrap().get(0);
     assert_eq!(failures, 0);
     drop((u, f));
