@@ -982,6 +982,12 @@ impl Ctl<'_> {
         let paused = now();
         self.starved_at_pause(name, worker_on)?;
         let queues: Vec<&str> = QUEUES.to_vec();
+        // Every claim held is one the claim ledger vouches for (fencing would raise XX000 at
+        // its ack; this finds those not acked yet).
+        let unvouched = common::kit::unvouched_claims(self.conn.get(), &queues);
+        if !unvouched.is_empty() {
+            return Err(Stuck { what: format!("checkpoint {name}: claims the ledger does not vouch for"), ids: unvouched });
+        }
         let r = self
             .conn
             .get()

@@ -42,9 +42,12 @@ SELECT pg_catalog.pg_extension_config_dump('pgqueue.claims_claim_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('pgqueue.claim_key',
     'WHERE made_at = (SELECT pg_catalog.min(k.made_at) FROM pgqueue.claim_key k)');
 
+-- Filled, then given their default (as a fresh install has them: no "missing value").
+ALTER TABLE pgqueue.worker_state ADD COLUMN claims_failures bigint, ADD COLUMN claims_pruned bigint;
+UPDATE pgqueue.worker_state SET claims_failures = 0, claims_pruned = 0;
 ALTER TABLE pgqueue.worker_state
-    ADD COLUMN claims_failures bigint NOT NULL DEFAULT 0,
-    ADD COLUMN claims_pruned   bigint NOT NULL DEFAULT 0;  -- claim ledger rows deleted, none of their messages held
+    ALTER COLUMN claims_failures SET DEFAULT 0, ALTER COLUMN claims_failures SET NOT NULL,
+    ALTER COLUMN claims_pruned SET DEFAULT 0, ALTER COLUMN claims_pruned SET NOT NULL;
 
 CREATE FUNCTION pgqueue._claim_token(key_bytes bytea, claim_id bigint, msg_id bigint, attempt integer)
 RETURNS uuid
