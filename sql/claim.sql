@@ -1,14 +1,6 @@
 -- Consumers: claim with a lease, renew it. Every claim gets a new claim_token; only the
 -- holder of the current token can renew, ack, nack or fail the message (fencing).
 
--- The key of this installation's claim tokens (see pgqueue.claim_key). Statements read it as
--- `(SELECT pgqueue._claim_key())`, once each.
-CREATE FUNCTION pgqueue._claim_key() RETURNS bytea
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1;
-END;
-
 -- Turns delayed messages whose time has come into claimable ones, oldest due first. Walks
 -- the delayed index only up to the first row not yet due. Used by pgq_claim (so delays
 -- never depend on the worker) and by the worker's tick. When all that was due got promoted,
@@ -144,7 +136,7 @@ BEGIN
           FROM unnest(msg_ids, claim_tokens, progress) AS held(id, token, progress), pgqueue.queues q
          WHERE m.msg_id = held.id
            AND pgqueue._vouched(m.claim_token = held.token AND m.state = 'claimed', held.token, m.msg_id, m.attempt,
-                                (SELECT pgqueue._claim_key()),
+                                (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                                 EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(held.token)))
            AND m.cancel_requested_at IS NULL
            AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)

@@ -71,7 +71,7 @@ BEGIN
       FROM pgqueue.message_rows m
      WHERE m.msg_id = msg_id
        AND pgqueue._vouched(m.claim_token = claim_token AND m.state = 'claimed', claim_token, m.msg_id, m.attempt,
-                            (SELECT pgqueue._claim_key()),
+                            (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                             EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE;

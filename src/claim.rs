@@ -253,8 +253,9 @@ static CLAIM: Statement = Statement {
            )
            UPDATE pgqueue.messages m
               SET state = 'claimed', attempt = m.attempt + 1,
-                  claim_token = pgqueue._claim_token((SELECT pgqueue._claim_key()), l.claim_id, m.msg_id,
-                                                     m.attempt + 1),
+                  claim_token = pgqueue._claim_token(
+                      (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                      l.claim_id, m.msg_id, m.attempt + 1),
                   claimed_at = $2, lease_expires_at = $2 + $3, consumer = $4,
                   session_pid = $5, session_started = $6
              FROM ledger l
@@ -263,14 +264,15 @@ static CLAIM: Statement = Statement {
                      m.enqueued_at, m.lease_expires_at",
     args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
 };
-/// The same for a database still running 0.20's SQL or earlier (until ALTER EXTENSION
-/// UPDATE): no ledger, random tokens.
-static CLAIM_0_20: Statement = Statement {
+/// The same without the ledger (`pgqueue.claim_ledger` off, the default, or a database still
+/// running 0.20's SQL or earlier until ALTER EXTENSION UPDATE): random tokens ($7, the
+/// queue, unused).
+static CLAIM_WITHOUT_LEDGER: Statement = Statement {
     sql: c"UPDATE pgqueue.messages m
               SET state = 'claimed', claim_token = pg_catalog.gen_random_uuid(), attempt = m.attempt + 1,
                   claimed_at = $2, lease_expires_at = $2 + $3, consumer = $4,
                   session_pid = $5, session_started = $6
-            WHERE m.msg_id = ANY ($1) AND $7::text IS NOT NULL
+            WHERE m.msg_id = ANY ($1)
            RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
                      m.enqueued_at, m.lease_expires_at",
     args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
@@ -448,7 +450,9 @@ fn claim_picked(
     (bound_pid, bound_start): (Option<i32>, Option<TimestampWithTimeZone>),
     outer: pg_sys::MemoryContext,
 ) -> Vec<Claimed> {
-    let statement = if crate::statement::has_column(c"claims", c"claim_id") { &CLAIM } else { &CLAIM_0_20 };
+    // The ledger is written where the setting asks for it and the SQL has it (0.21.0 on).
+    let ledger = crate::guc::CLAIM_LEDGER.get() && crate::statement::has_column(c"claims", c"claim_id");
+    let statement = if ledger { &CLAIM } else { &CLAIM_WITHOUT_LEDGER };
     let rows = statement.run(&[
         picked.to_vec().into_datum(),
         since.into_datum(),

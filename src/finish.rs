@@ -98,7 +98,7 @@ macro_rules! held_by_row {
 /// for it (ledger.rs; the ledger row looked up in this statement's snapshot).
 static TO_HISTORY: Statement = to_history!(
     "pgqueue._vouched(m.claim_token = u.token AND m.state = 'claimed', u.token, m.msg_id, m.attempt,
-                      (SELECT pgqueue._claim_key()),
+                      (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                       EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(u.token)))",
     "m.cancel_requested_at IS NOT NULL",
     "m.progress",

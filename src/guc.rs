@@ -8,6 +8,7 @@ use std::time::Duration;
 pub static DATABASES: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static LAUNCHER_NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static CLAIM_LEDGER: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static TICK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static PRUNE_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 pub static RESCUE_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(500);
@@ -123,6 +124,14 @@ pub fn init(preloading: bool) {
         c"Off: the worker idles; pgq_tick() still works.",
         &ENABLED,
         Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pgqueue.claim_ledger",
+        c"Whether claims also write the claim ledger (pgqueue.claims) and hand out tokens that name it.",
+        c"On: a shadow of the next release's write path, checked by fencing; costs a row write per claim call.",
+        &CLAIM_LEDGER,
+        Suset,
         GucFlags::default(),
     );
     GucRegistry::define_string_guc(

@@ -986,7 +986,10 @@ impl Ctl<'_> {
         // its ack; this finds those not acked yet).
         let unvouched = common::kit::unvouched_claims(self.conn.get(), &queues);
         if !unvouched.is_empty() {
-            return Err(Stuck { what: format!("checkpoint {name}: claims the ledger does not vouch for"), ids: unvouched });
+            return Err(Stuck {
+                what: format!("checkpoint {name}: claims the ledger does not vouch for"),
+                ids: unvouched,
+            });
         }
         let r = self
             .conn

@@ -59,14 +59,6 @@ CREATE FUNCTION pgqueue._vouched(held boolean, token uuid, msg_id bigint, attemp
 RETURNS boolean
 LANGUAGE c STABLE PARALLEL SAFE COST 10 AS 'MODULE_PATHNAME', '_vouched_wrapper';
 
--- The key of this installation's claim tokens (see pgqueue.claim_key). Statements read it as
--- `(SELECT pgqueue._claim_key())`, once each.
-CREATE FUNCTION pgqueue._claim_key() RETURNS bytea
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1;
-END;
-
 CREATE OR REPLACE FUNCTION pgqueue.pgq_renew(msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL,
                                   queue text DEFAULT NULL, progress jsonb[] DEFAULT NULL)
 RETURNS SETOF bigint
@@ -91,7 +83,7 @@ BEGIN
           FROM unnest(msg_ids, claim_tokens, progress) AS held(id, token, progress), pgqueue.queues q
          WHERE m.msg_id = held.id
            AND pgqueue._vouched(m.claim_token = held.token AND m.state = 'claimed', held.token, m.msg_id, m.attempt,
-                                (SELECT pgqueue._claim_key()),
+                                (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                                 EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(held.token)))
            AND m.cancel_requested_at IS NULL
            AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
@@ -126,7 +118,7 @@ BEGIN
       FROM pgqueue.message_rows m JOIN pgqueue.queues q ON q.queue = m.queue
      WHERE m.msg_id = msg_id
        AND pgqueue._vouched(m.claim_token = claim_token AND m.state = 'claimed', claim_token, m.msg_id, m.attempt,
-                            (SELECT pgqueue._claim_key()),
+                            (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                             EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE OF m;
@@ -187,7 +179,7 @@ BEGIN
       FROM pgqueue.message_rows m
      WHERE m.msg_id = msg_id
        AND pgqueue._vouched(m.claim_token = claim_token AND m.state = 'claimed', claim_token, m.msg_id, m.attempt,
-                            (SELECT pgqueue._claim_key()),
+                            (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                             EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE;
@@ -316,7 +308,6 @@ REVOKE ALL ON FUNCTION
     pgqueue._claim_token(bytea, bigint, bigint, integer),
     pgqueue._token_claim(uuid),
     pgqueue._vouched(boolean, uuid, bigint, integer, bytea, boolean),
-    pgqueue._claim_key(),
     pgqueue._prune_claims(bigint, integer)
 FROM PUBLIC;
 REVOKE ALL ON pgqueue.claims, pgqueue.claim_key FROM PUBLIC;

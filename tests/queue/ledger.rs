@@ -2,12 +2,20 @@
 //! `pgqueue.claims`, its tokens name that row, and fencing (renew, ack, nack, fail, park,
 //! pgq_ack_claim) raises XX000 where a message row is held under a token the ledger does not
 //! vouch for, changing nothing. Stale tokens stay refused quietly (false), as before. The
-//! tick's "claims" step deletes the rows none of whose messages is held under them.
+//! tick's "claims" step deletes the rows none of whose messages is held under them. With
+//! `pgqueue.claim_ledger` off (the default) claims hand out random tokens and write no ledger
+//! row, which fencing takes on the row's word (`random token` below).
 
 use crate::common::kit::{Claimed, claim, claim_one, message, new_queue, send_many, unvouched_claims};
 use crate::common::{Client, sqlstate};
-use crate::connect;
 use uuid::Uuid;
+
+/// A session whose claims write the ledger (`pgqueue.claim_ledger` is off by default).
+fn connect() -> Client {
+    let mut c = crate::connect();
+    c.batch_execute("SET pgqueue.claim_ledger = on").unwrap();
+    c
+}
 
 /// The ledger rows of queue `q`: (claim_id, msg_ids, attempts).
 fn ledger(c: &mut Client, q: &str) -> Vec<(i64, Vec<i64>, Vec<i32>)> {
@@ -91,7 +99,7 @@ fn fencing_raises_xx000_and_changes_nothing_where_the_ledger_does_not_vouch_for_
         let other = claim_one(&mut c, &q, None);
         let row = named(&mut c, other.token);
         let forged: Uuid = c
-            .query_one("SELECT pgqueue._claim_token((SELECT pgqueue._claim_key()), $2, $1, 7)", &[&other.id, &row])
+            .query_one("SELECT pgqueue._claim_token((SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1), $2, $1, 7)", &[&other.id, &row])
             .unwrap()
             .get(0);
         c.execute("UPDATE pgqueue.message_rows SET claim_token = $2 WHERE msg_id = $1", &[&other.id, &forged]).unwrap();
@@ -163,4 +171,22 @@ fn the_claims_step_deletes_a_ledger_row_once_none_of_its_messages_is_held_under_
     assert!(crate::common::kit::ack(&mut c, &retried));
     prune_claims(&mut c);
     assert!(ledger(&mut c, &q).is_empty());
+}
+
+#[test]
+fn with_the_setting_off_claims_write_no_ledger_row_and_their_random_tokens_ack() {
+    let mut c = crate::connect();
+    c.batch_execute("SET pgqueue.claim_ledger = off").unwrap();
+    let q = new_queue(&mut c, "");
+    send_many(&mut c, &q, 2, "0");
+    let m = claim_one(&mut c, &q, None);
+    assert_eq!(m.token.get_version_num(), 4, "a random UUID, as before 0.21.0");
+    assert_eq!(named(&mut c, m.token), None);
+    assert!(ledger(&mut c, &q).is_empty());
+    // A session with the ledger on claims beside it; each token acks.
+    let mut on = connect();
+    let n = claim_one(&mut on, &q, None);
+    assert_eq!(ledger(&mut c, &q).len(), 1);
+    assert!(crate::common::kit::ack(&mut on, &m));
+    assert!(crate::common::kit::ack(&mut c, &n));
 }

@@ -12,7 +12,9 @@ use common::{Claimed, Client, ack, claim, claim_one, message, send_many, unvouch
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(30);
-const CONF: &[&str] = &["pgqueue.tick_interval = '100ms'", "max_prepared_transactions = 10"];
+/// With the claim ledger (0.21.0), which must survive the crash with the rows.
+const CONF: &[&str] =
+    &["pgqueue.tick_interval = '100ms'", "max_prepared_transactions = 10", "pgqueue.claim_ledger = on"];
 
 fn crash_and_start(server: &Server) {
     server.run_ok("pg_ctl", &["-D", &server.data(), "-m", "immediate", "-w", "stop"]);

@@ -401,6 +401,7 @@ fn update_from(previous: &str) {
     assert!(acked);
     let back: i64 = u.query_one("SELECT pgqueue.pgq_redrive('jobs', ARRAY[-1::bigint])", &[]).unwrap().get(0);
     assert_eq!(back, 1);
+    u.batch_execute("SET pgqueue.claim_ledger = on").unwrap();
     let claimed: i64 = u.query_one("SELECT count(*) FROM pgqueue.pgq_claim('jobs', qty => 100)", &[]).unwrap().get(0);
     assert_eq!(claimed, 8, "six never claimed, the re-armed one and the redriven one");
     // The claim ledger has that claim, its eight messages at their attempts, and only that.
