@@ -62,6 +62,10 @@ struct Args {
     /// where the kernel has huge pages reserved, so that runs compare.
     #[arg(long, requires = "pg_config")]
     huge_pages: bool,
+    /// A setting of the throwaway server, as `name=value` (repeatable), e.g.
+    /// `--set pgqueue.claim_ledger=on`: the same build measured with and without it.
+    #[arg(long = "set", requires = "pg_config", value_name = "NAME=VALUE")]
+    settings: Vec<String>,
     /// Bloat: minutes the steady run lasts, instead of the size's own (full: 30).
     #[arg(long)]
     bloat_for: Option<f64>,
@@ -92,7 +96,7 @@ impl Server {
 
     /// `statements`: preload pg_stat_statements too, if that build has it (the pickup
     /// scenario counts statements with it; the others run without it).
-    fn start(pg_config: &PathBuf, statements: bool, huge_pages: bool) -> Server {
+    fn start(pg_config: &PathBuf, statements: bool, huge_pages: bool, settings: &[String]) -> Server {
         let config = |what: &str| {
             let out = Command::new(pg_config).arg(what).output().expect("run pg_config");
             PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
@@ -123,7 +127,13 @@ impl Server {
              max_wal_size = '8GB'\nsynchronous_commit = on\nhuge_pages = {}\n",
             dir.display(),
             if huge_pages { "on" } else { "off" }
-        );
+        ) + &settings
+            .iter()
+            .map(|s| match s.split_once('=') {
+                Some((name, value)) => format!("{name} = '{}'\n", value.replace('\'', "''")),
+                None => panic!("--set {s}: expected NAME=VALUE"),
+            })
+            .collect::<String>();
         let conf_path = data.join("postgresql.auto.conf");
         let mut existing = Self::as_server_user("cat".into()).arg(&conf_path).output().unwrap().stdout;
         existing.extend_from_slice(conf.as_bytes());
@@ -168,7 +178,7 @@ fn main() {
     let args = Args::parse();
     let scenarios: Vec<&str> = args.scenarios.split(',').map(str::trim).collect();
     let statements = scenarios.iter().any(|s| ["all", "pickup"].contains(s));
-    let server = args.pg_config.as_ref().map(|pg_config| Server::start(pg_config, statements, args.huge_pages));
+    let server = args.pg_config.as_ref().map(|pg_config| Server::start(pg_config, statements, args.huge_pages, &args.settings));
     let dsn = match (&args.dsn, &server) {
         (Some(dsn), _) => dsn.clone(),
         (None, Some(s)) => s.dsn(),
