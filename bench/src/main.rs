@@ -178,7 +178,8 @@ fn main() {
     let args = Args::parse();
     let scenarios: Vec<&str> = args.scenarios.split(',').map(str::trim).collect();
     let statements = scenarios.iter().any(|s| ["all", "pickup"].contains(s));
-    let server = args.pg_config.as_ref().map(|pg_config| Server::start(pg_config, statements, args.huge_pages, &args.settings));
+    let server =
+        args.pg_config.as_ref().map(|pg_config| Server::start(pg_config, statements, args.huge_pages, &args.settings));
     let dsn = match (&args.dsn, &server) {
         (Some(dsn), _) => dsn.clone(),
         (None, Some(s)) => s.dsn(),
