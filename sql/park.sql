@@ -70,9 +70,12 @@ BEGIN
     SELECT m.msg_id, m.queue, m.priority, m.headers, m.cancel_requested_at INTO h
       FROM pgqueue.message_rows m
      WHERE m.msg_id = msg_id
-       AND pgqueue._vouched(m.claim_token = claim_token AND m.state = 'claimed', claim_token, m.msg_id, m.attempt,
-                            (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
-                            EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
+       AND CASE WHEN m.claim_token IS DISTINCT FROM claim_token OR m.state <> 'claimed' THEN false
+                WHEN pgqueue._token_claim(claim_token) IS NULL THEN true
+                ELSE pgqueue._vouched(claim_token, m.msg_id, m.attempt,
+                                       (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                       EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
+           END
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE;
     IF NOT FOUND THEN

@@ -97,9 +97,12 @@ macro_rules! held_by_row {
 /// The fence: the message is held under the token, and (0.21.0 on) the claim ledger vouches
 /// for it (ledger.rs; the ledger row looked up in this statement's snapshot).
 static TO_HISTORY: Statement = to_history!(
-    "pgqueue._vouched(m.claim_token = u.token AND m.state = 'claimed', u.token, m.msg_id, m.attempt,
-                      (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
-                      EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(u.token)))",
+    "CASE WHEN m.claim_token IS DISTINCT FROM u.token OR m.state <> 'claimed' THEN false
+          WHEN pgqueue._token_claim(u.token) IS NULL THEN true
+          ELSE pgqueue._vouched(u.token, m.msg_id, m.attempt,
+                                 (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                 EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(u.token)))
+     END",
     "m.cancel_requested_at IS NOT NULL",
     "m.progress",
     "m.has_dependents",

@@ -32,25 +32,23 @@ fn _token_claim(token: Uuid) -> Option<i64> {
     claim_token::claim_id(token.as_bytes())
 }
 
-/// Fencing's answer, `held` (the row is claimed under `token`), after checking that the ledger
-/// agrees where it can: a held message's token of the ledger's kind must verify for the
-/// row's attempt and name a ledger row that exists (`in_ledger`, looked up in the statement's
-/// snapshot). Where it does not, the two records of who holds the message disagree: XX000,
-/// never an answer either way. A token of an earlier release is the row's word alone.
+/// Fencing's check of a message held under a token of the ledger's kind (fencing asks only
+/// then: a random token, of a release before 0.21.0 or of `pgqueue.claim_ledger = off`, is the
+/// row's word alone): the token must verify for the row's attempt and name a ledger row that
+/// exists (`in_ledger`, looked up in the statement's snapshot, so that a concurrent ack and
+/// prune cannot make it a false alarm). Where it does not, the two records of who holds the
+/// message disagree: XX000, never an answer either way. True otherwise.
 #[pg_extern(stable, parallel_safe, cost = 10)]
 fn _vouched(
-    held: Option<bool>,
     token: Option<Uuid>,
     msg_id: Option<i64>,
     attempt: Option<i32>,
     key_bytes: Option<&[u8]>,
     in_ledger: Option<bool>,
 ) -> bool {
-    let held = held == Some(true);
-    let (Some(token), Some(msg_id), Some(attempt)) = (token, msg_id, attempt) else { return held };
-    if !held || claim_token::claim_id(token.as_bytes()).is_none() {
-        return held;
-    }
+    let (Some(token), Some(msg_id), Some(attempt)) = (token, msg_id, attempt) else {
+        error!("pgqueue: _vouched needs a token, a msg_id and an attempt")
+    };
     let verifies = key_bytes.is_some_and(|k| claim_token::verify(&key(k), token.as_bytes(), msg_id, attempt));
     if !verifies || in_ledger != Some(true) {
         error!(

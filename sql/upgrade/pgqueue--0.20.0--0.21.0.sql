@@ -54,8 +54,7 @@ RETURNS uuid
 LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE AS 'MODULE_PATHNAME', '_claim_token_wrapper';
 CREATE FUNCTION pgqueue._token_claim(token uuid) RETURNS bigint
 LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE AS 'MODULE_PATHNAME', '_token_claim_wrapper';
-CREATE FUNCTION pgqueue._vouched(held boolean, token uuid, msg_id bigint, attempt integer, key_bytes bytea,
-                                 in_ledger boolean)
+CREATE FUNCTION pgqueue._vouched(token uuid, msg_id bigint, attempt integer, key_bytes bytea, in_ledger boolean)
 RETURNS boolean
 LANGUAGE c STABLE PARALLEL SAFE COST 10 AS 'MODULE_PATHNAME', '_vouched_wrapper';
 
@@ -82,9 +81,12 @@ BEGIN
                progress = coalesce(held.progress, m.progress)
           FROM unnest(msg_ids, claim_tokens, progress) AS held(id, token, progress), pgqueue.queues q
          WHERE m.msg_id = held.id
-           AND pgqueue._vouched(m.claim_token = held.token AND m.state = 'claimed', held.token, m.msg_id, m.attempt,
-                                (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
-                                EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(held.token)))
+           AND CASE WHEN m.claim_token IS DISTINCT FROM held.token OR m.state <> 'claimed' THEN false
+                    WHEN pgqueue._token_claim(held.token) IS NULL THEN true
+                    ELSE pgqueue._vouched(held.token, m.msg_id, m.attempt,
+                                           (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                           EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(held.token)))
+               END
            AND m.cancel_requested_at IS NULL
            AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
         RETURNING m.msg_id, m.lease_expires_at
@@ -117,9 +119,12 @@ BEGIN
     SELECT m.msg_id, m.queue, m.priority, m.attempt, q.max_attempts, m.cancel_requested_at INTO h
       FROM pgqueue.message_rows m JOIN pgqueue.queues q ON q.queue = m.queue
      WHERE m.msg_id = msg_id
-       AND pgqueue._vouched(m.claim_token = claim_token AND m.state = 'claimed', claim_token, m.msg_id, m.attempt,
-                            (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
-                            EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
+       AND CASE WHEN m.claim_token IS DISTINCT FROM claim_token OR m.state <> 'claimed' THEN false
+                WHEN pgqueue._token_claim(claim_token) IS NULL THEN true
+                ELSE pgqueue._vouched(claim_token, m.msg_id, m.attempt,
+                                       (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                       EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
+           END
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE OF m;
     IF NOT FOUND THEN
@@ -178,9 +183,12 @@ BEGIN
     SELECT m.msg_id, m.queue, m.priority, m.headers, m.cancel_requested_at INTO h
       FROM pgqueue.message_rows m
      WHERE m.msg_id = msg_id
-       AND pgqueue._vouched(m.claim_token = claim_token AND m.state = 'claimed', claim_token, m.msg_id, m.attempt,
-                            (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
-                            EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
+       AND CASE WHEN m.claim_token IS DISTINCT FROM claim_token OR m.state <> 'claimed' THEN false
+                WHEN pgqueue._token_claim(claim_token) IS NULL THEN true
+                ELSE pgqueue._vouched(claim_token, m.msg_id, m.attempt,
+                                       (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                       EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
+           END
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE;
     IF NOT FOUND THEN
@@ -307,7 +315,7 @@ SELECT current_database() AS database,
 REVOKE ALL ON FUNCTION
     pgqueue._claim_token(bytea, bigint, bigint, integer),
     pgqueue._token_claim(uuid),
-    pgqueue._vouched(boolean, uuid, bigint, integer, bytea, boolean),
+    pgqueue._vouched(uuid, bigint, integer, bytea, boolean),
     pgqueue._prune_claims(bigint, integer)
 FROM PUBLIC;
 REVOKE ALL ON pgqueue.claims, pgqueue.claim_key FROM PUBLIC;
