@@ -110,12 +110,13 @@ SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, v
        cancel_requested_at, progress, after, has_dependents, park_key, park_until
   FROM pgqueue.message_rows;
 
--- The claim ledger (docs/design/write-path.md, step 2): one row per claim call, naming the
--- messages it took and the attempt it took each at. A claim's tokens name its row and carry
--- a MAC under pgqueue.claim_key, so fencing finds the row by its key. The rows above still
--- decide who holds a message; fencing checks that the ledger vouches for every claim they
--- hold (XX000 where it does not), so that a later release can stop writing them. The tick
--- deletes a row once none of its messages is held under it. Ids fit 48 bits (the token's).
+-- The claim ledger (docs/design/write-path.md, step 2), written while pgqueue.claim_ledger is
+-- on: one row per claim call, naming the messages it took and the attempt it took each at.
+-- Its tokens name the row and carry a MAC under pgqueue.claim_key, so fencing finds the row by
+-- its key. The rows above still decide who holds a message; fencing checks that the ledger
+-- vouches for every claim they hold under such a token (XX000 where it does not), so that a
+-- later release can stop writing them. The tick deletes a row once none of its messages is
+-- held under it. Ids fit 48 bits (the token's).
 CREATE TABLE pgqueue.claims (
     claim_id   bigint GENERATED ALWAYS AS IDENTITY (MAXVALUE 281474976710655) PRIMARY KEY,
     queue      text NOT NULL,

@@ -1,20 +1,22 @@
 -- pgqueue 0.20.0 -> 0.21.0.
 --
--- The claim ledger (step 2 of the write path, docs/design/write-path.md): every claim call
--- writes a row of pgqueue.claims, and the tokens it hands out name that row (version-8 UUIDs
--- signed with the new pgqueue.claim_key). The message rows still decide who holds a message;
+-- The claim ledger (step 2 of the write path, docs/design/write-path.md): with the new setting
+-- pgqueue.claim_ledger on (off by default), every claim call writes a row of pgqueue.claims,
+-- and the tokens it hands out name that row (version-8 UUIDs signed with the new
+-- pgqueue.claim_key). The message rows still decide who holds a message;
 -- renew, ack, nack, fail and park check that the ledger vouches for each claim they accept
 -- (XX000 where it does not). Claims in flight during the update keep their tokens (random
 -- ones, which the ledger did not issue): they are checked against the row alone, as before.
 -- The tick deletes ledger rows none of whose messages is held under them (step "claims",
 -- counted in worker_stats). No row is rewritten; no lock beyond the new objects'.
 
--- The claim ledger (docs/design/write-path.md, step 2): one row per claim call, naming the
--- messages it took and the attempt it took each at. A claim's tokens name its row and carry
--- a MAC under pgqueue.claim_key, so fencing finds the row by its key. The rows above still
--- decide who holds a message; fencing checks that the ledger vouches for every claim they
--- hold (XX000 where it does not), so that a later release can stop writing them. The tick
--- deletes a row once none of its messages is held under it. Ids fit 48 bits (the token's).
+-- The claim ledger (docs/design/write-path.md, step 2), written while pgqueue.claim_ledger is
+-- on: one row per claim call, naming the messages it took and the attempt it took each at.
+-- Its tokens name the row and carry a MAC under pgqueue.claim_key, so fencing finds the row by
+-- its key. The rows above still decide who holds a message; fencing checks that the ledger
+-- vouches for every claim they hold under such a token (XX000 where it does not), so that a
+-- later release can stop writing them. The tick deletes a row once none of its messages is
+-- held under it. Ids fit 48 bits (the token's).
 CREATE TABLE pgqueue.claims (
     claim_id   bigint GENERATED ALWAYS AS IDENTITY (MAXVALUE 281474976710655) PRIMARY KEY,
     queue      text NOT NULL,
