@@ -36,8 +36,10 @@ END;
 -- Step "claims": deletes the claim ledger's rows none of whose messages is held under them any
 -- more (finished, released or claimed again since), looking at up to max_rows rows after
 -- after_claim_id (the caller's cursor: 0 starts from the first). A row once found so stays
--- so: a message its claim has let go is never held under it again. Returns the rows looked
--- at, those deleted, and the last id looked at.
+-- so: a message its claim has let go is never held under it again. Only claimed rows have a
+-- token: no `state = 'claimed'`, with which the planner may read the in-flight index (whose
+-- dead entries a pinned horizon keeps) instead of the key. Returns the rows looked at, those
+-- deleted, and the last id looked at.
 CREATE FUNCTION pgqueue._prune_claims(after_claim_id bigint, max_rows integer)
 RETURNS TABLE (looked bigint, pruned bigint, last_claim_id bigint)
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
@@ -49,7 +51,7 @@ BEGIN ATOMIC
         DELETE FROM pgqueue.claims c USING looked_at l
          WHERE c.claim_id = l.claim_id
            AND NOT EXISTS (SELECT FROM pgqueue.message_rows m
-                            WHERE m.msg_id = ANY (c.msg_ids) AND m.state = 'claimed'
+                            WHERE m.msg_id = ANY (c.msg_ids)
                               AND pgqueue._token_claim(m.claim_token) = c.claim_id)
         RETURNING c.claim_id
     )

@@ -83,7 +83,7 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     // claims and leases written around the API (a restore, an UPDATE) are re-armed then.
     rescue(bracket, &mut out, pass, current_sql, prune_now);
     if plan.all_steps && level >= SQL_LEDGER {
-        prune_claims(bracket, &mut out);
+        prune_claims(bracket, &mut out, prune_now);
     }
     if plan.all_steps {
         // After promote and re-arm, whose commits it then finds announced already. Depths
@@ -255,12 +255,16 @@ fn expire_keys(bracket: Bracket, out: &mut Outcome) {
 }
 
 /// The claim ledger's rows whose messages are all let go, deleted in batches of
-/// `CLAIMS_BATCH` rows looked at, going on from where the last tick stopped (so that rows
-/// held long at the start of the ledger are not looked at again every tick), from the start
-/// again once a batch reaches the end; within the pass budget.
-fn prune_claims(bracket: Bracket, out: &mut Outcome) {
+/// `CLAIMS_BATCH` rows looked at, within the pass budget: each tick the rows written since
+/// the last one looked at (most claims have ended by then), and at the prune cadence
+/// (`from_start`) all of them, so that rows held long are looked at once a prune interval,
+/// not at every tick.
+fn prune_claims(bracket: Bracket, out: &mut Outcome, from_start: bool) {
     thread_local! {
         static CURSOR: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
+    }
+    if from_start {
+        CURSOR.set(0);
     }
     let start = Instant::now();
     while let Some((looked, pruned, last)) = step(bracket, out, "claims", || {
@@ -272,7 +276,9 @@ fn prune_claims(bracket: Bracket, out: &mut Outcome) {
         (row.0.unwrap_or(0), row.1.unwrap_or(0), row.2)
     }) {
         out.add("claims_pruned", pruned);
-        CURSOR.set(if looked < CLAIMS_BATCH { 0 } else { last.unwrap_or(0) });
+        if let Some(last) = last {
+            CURSOR.set(last);
+        }
         if looked < CLAIMS_BATCH || start.elapsed() >= guc::rescue_pass_budget() {
             break;
         }

@@ -242,7 +242,7 @@ BEGIN ATOMIC
         DELETE FROM pgqueue.claims c USING looked_at l
          WHERE c.claim_id = l.claim_id
            AND NOT EXISTS (SELECT FROM pgqueue.message_rows m
-                            WHERE m.msg_id = ANY (c.msg_ids) AND m.state = 'claimed'
+                            WHERE m.msg_id = ANY (c.msg_ids)
                               AND pgqueue._token_claim(m.claim_token) = c.claim_id)
         RETURNING c.claim_id
     )
