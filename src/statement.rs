@@ -63,6 +63,11 @@ impl Statement {
         let plan = self.plan();
         let mut values: Vec<pg_sys::Datum> = args.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0))).collect();
         let nulls: Vec<std::ffi::c_char> = args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as _).collect();
+        // Never JIT-compiled: a kept plan that crosses jit_above_cost (a table grown big for
+        // a while, a pinned horizon) would be compiled anew at every run of a hot path,
+        // which costs far more than the run (pgq_claim and pgq_ack_claim set jit = off for
+        // the same reason). Planning and re-planning happen inside the execution.
+        let _no_jit = NoJit::new();
         // SAFETY: the plan is kept; values and nulls have the plan's argument count. (A
         // statement that returns no rows leaves SPI_tuptable as it was.)
         let status = unsafe {
@@ -74,6 +79,27 @@ impl Statement {
         }
         // SAFETY: set by the execution just done.
         unsafe { Rows { table: pg_sys::SPI_tuptable, n: pg_sys::SPI_processed as usize } }
+    }
+}
+
+/// `jit` off while it lives (restored when dropped, also when an error unwinds).
+struct NoJit(bool);
+
+impl NoJit {
+    fn new() -> NoJit {
+        // SAFETY: a plain read and write of the session's setting.
+        unsafe {
+            let was = pg_sys::jit_enabled;
+            pg_sys::jit_enabled = false;
+            NoJit(was)
+        }
+    }
+}
+
+impl Drop for NoJit {
+    fn drop(&mut self) {
+        // SAFETY: restores the value read in new.
+        unsafe { pg_sys::jit_enabled = self.0 };
     }
 }
 
