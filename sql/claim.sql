@@ -135,11 +135,11 @@ BEGIN
                progress = coalesce(held.progress, m.progress)
           FROM unnest(msg_ids, claim_tokens, progress) AS held(id, token, progress), pgqueue.queues q
          WHERE m.msg_id = held.id
-           AND CASE WHEN m.claim_token IS DISTINCT FROM held.token OR m.state <> 'claimed' THEN false
-                    WHEN pgqueue._token_claim(held.token) IS NULL THEN true
-                    ELSE pgqueue._vouched(held.token, m.msg_id, m.attempt,
-                                           (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
-                                           EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(held.token)))
+           AND CASE WHEN pgqueue._token_claim(held.token) IS NULL THEN m.claim_token = held.token AND m.state = 'claimed'
+                    ELSE pgqueue._ledger_agrees(held.token, m.msg_id, m.claims_ended + 1,
+                                                m.claim_token = held.token AND m.state = 'claimed',
+                                                (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                                EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(held.token)))
                END
            AND m.cancel_requested_at IS NULL
            AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)

@@ -117,7 +117,7 @@ COMMENT ON TABLE pgqueue.dependencies IS
 COMMENT ON TABLE pgqueue.park_keys IS
     'one row per key messages park on or that was signalled, with the signal kept for parks to come';
 COMMENT ON TABLE pgqueue.claims IS
-    'the claim ledger: one row per claim call, naming the messages it took and their attempts, until none is held under it';
+    'the claim ledger: one row per claim call, naming the messages it took and their claim numbers, until none is held under it';
 COMMENT ON TABLE pgqueue.claim_key IS
     'the secret claim tokens are signed with (the oldest row); only its owner reads it';
 COMMENT ON TABLE pgqueue.worker_state IS

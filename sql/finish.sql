@@ -94,11 +94,11 @@ BEGIN
     SELECT m.msg_id, m.queue, m.priority, m.attempt, q.max_attempts, m.cancel_requested_at INTO h
       FROM pgqueue.message_rows m JOIN pgqueue.queues q ON q.queue = m.queue
      WHERE m.msg_id = msg_id
-       AND CASE WHEN m.claim_token IS DISTINCT FROM claim_token OR m.state <> 'claimed' THEN false
-                WHEN pgqueue._token_claim(claim_token) IS NULL THEN true
-                ELSE pgqueue._vouched(claim_token, m.msg_id, m.attempt,
-                                       (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
-                                       EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
+       AND CASE WHEN pgqueue._token_claim(claim_token) IS NULL THEN m.claim_token = claim_token AND m.state = 'claimed'
+                ELSE pgqueue._ledger_agrees(claim_token, m.msg_id, m.claims_ended + 1,
+                                            m.claim_token = claim_token AND m.state = 'claimed',
+                                            (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                            EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
            END
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE OF m;
@@ -115,7 +115,8 @@ BEGIN
        SET state = CASE WHEN wait > interval '0' THEN 'delayed' ELSE 'ready' END,
            visible_at = CASE WHEN wait > interval '0' THEN now() + wait END,
            claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL, consumer = NULL,
-           session_pid = NULL, session_started = NULL, last_error = coalesce(error, m.last_error)
+           session_pid = NULL, session_started = NULL, last_error = coalesce(error, m.last_error),
+           claims_ended = m.claims_ended + 1
      WHERE m.msg_id = h.msg_id;
     PERFORM pgqueue._note(h.queue, 1, 'claimed', CASE WHEN wait > interval '0' THEN 'delayed' ELSE 'ready' END,
                           h.priority, h.msg_id, h.msg_id, now() + wait);
@@ -247,7 +248,8 @@ BEGIN
     WITH back AS (
         UPDATE pgqueue.message_rows m
            SET state = 'ready', claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL,
-               consumer = NULL, session_pid = NULL, session_started = NULL, last_error = 'lease expired'
+               consumer = NULL, session_pid = NULL, session_started = NULL, last_error = 'lease expired',
+               claims_ended = m.claims_ended + 1
          WHERE m.msg_id = ANY (retry)
         RETURNING m.queue, m.priority, m.msg_id
     )
@@ -325,12 +327,22 @@ BEGIN
            AND (msg_ids IS NULL OR h.msg_id = ANY (msg_ids))
         RETURNING h.msg_id, h.priority, h.payload, h.headers, h.enqueued_at, h.last_error, h.progress
     )
+    -- A message back under its msg_id starts its claim count past every claim of it the
+    -- ledger still lists, which would otherwise be live again (the ledger is read whole: it
+    -- holds about the claims in flight, and a redrive is rare).
+    , listed AS (
+        SELECT e.msg_id, max(e.number) AS number
+          FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
+         WHERE c.queue = q.queue AND e.msg_id IN (SELECT b.msg_id FROM back b)
+         GROUP BY e.msg_id
+    )
     , again AS (
         INSERT INTO pgqueue.message_rows (msg_id, queue, state, priority, payload, headers, enqueued_at, last_error,
-                                      progress)
+                                      progress, claims_ended)
         OVERRIDING SYSTEM VALUE
-        SELECT b.msg_id, q.queue, 'ready', b.priority, b.payload, b.headers, b.enqueued_at, b.last_error, b.progress
-          FROM back b
+        SELECT b.msg_id, q.queue, 'ready', b.priority, b.payload, b.headers, b.enqueued_at, b.last_error, b.progress,
+               coalesce(l.number, 0)
+          FROM back b LEFT JOIN listed l ON l.msg_id = b.msg_id
         RETURNING message_rows.msg_id, message_rows.priority
     )
     SELECT coalesce(sum(n), 0) INTO moved

@@ -33,13 +33,14 @@ BEGIN ATOMIC
     SELECT count(*) FROM expired;
 END;
 
--- Step "claims": deletes the claim ledger's rows none of whose messages is held under them any
--- more (finished, released or claimed again since), looking at up to max_rows rows after
--- after_claim_id (the caller's cursor: 0 starts from the first). A row once found so stays
--- so: a message its claim has let go is never held under it again. Only claimed rows have a
--- token: no `state = 'claimed'`, with which the planner may read the in-flight index (whose
--- dead entries a pinned horizon keeps) instead of the key. Returns the rows looked at, those
--- deleted, and the last id looked at.
+-- Step "claims": deletes the claim ledger's rows none of whose entries is live any more (each
+-- message finished, or its claim ended by a nack, park or re-arm: claims_ended at or past the
+-- entry's claim number), looking at up to max_rows rows after after_claim_id (the caller's
+-- cursor: 0 starts from the first). An entry once ended stays so: claims_ended only grows,
+-- and a redrive starts it past the numbers the ledger lists. Messages are read by primary
+-- key only (a state predicate may make the planner read the in-flight index, whose dead
+-- entries a pinned horizon keeps). Returns the rows looked at, those deleted, and the last id
+-- looked at.
 CREATE FUNCTION pgqueue._prune_claims(after_claim_id bigint, max_rows integer)
 RETURNS TABLE (looked bigint, pruned bigint, last_claim_id bigint)
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
@@ -50,9 +51,9 @@ BEGIN ATOMIC
     ), gone AS (
         DELETE FROM pgqueue.claims c USING looked_at l
          WHERE c.claim_id = l.claim_id
-           AND NOT EXISTS (SELECT FROM pgqueue.message_rows m
-                            WHERE m.msg_id = ANY (c.msg_ids)
-                              AND pgqueue._token_claim(m.claim_token) = c.claim_id)
+           AND NOT EXISTS (SELECT FROM unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
+                             JOIN pgqueue.message_rows m ON m.msg_id = e.msg_id
+                            WHERE m.claims_ended < e.number)
         RETURNING c.claim_id
     )
     SELECT (SELECT count(*) FROM looked_at), (SELECT count(*) FROM gone), (SELECT max(l.claim_id) FROM looked_at l);

@@ -70,11 +70,11 @@ BEGIN
     SELECT m.msg_id, m.queue, m.priority, m.headers, m.cancel_requested_at INTO h
       FROM pgqueue.message_rows m
      WHERE m.msg_id = msg_id
-       AND CASE WHEN m.claim_token IS DISTINCT FROM claim_token OR m.state <> 'claimed' THEN false
-                WHEN pgqueue._token_claim(claim_token) IS NULL THEN true
-                ELSE pgqueue._vouched(claim_token, m.msg_id, m.attempt,
-                                       (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
-                                       EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
+       AND CASE WHEN pgqueue._token_claim(claim_token) IS NULL THEN m.claim_token = claim_token AND m.state = 'claimed'
+                ELSE pgqueue._ledger_agrees(claim_token, m.msg_id, m.claims_ended + 1,
+                                            m.claim_token = claim_token AND m.state = 'claimed',
+                                            (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                            EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
            END
        AND (queue IS NULL OR m.queue = queue)
        FOR UPDATE;
@@ -102,7 +102,7 @@ BEGIN
            park_until = CASE WHEN NOT kept.signalled THEN now() + timeout END,
            attempt = m.attempt - CASE WHEN kept.signalled THEN 1 ELSE 0 END,
            claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL, consumer = NULL,
-           session_pid = NULL, session_started = NULL,
+           session_pid = NULL, session_started = NULL, claims_ended = m.claims_ended + 1,
            headers = pgqueue._park_headers(m.headers, park,
                CASE WHEN kept.signalled THEN pg_catalog.jsonb_build_object(
                    'signal', kept.signal, 'signalled_at', kept.signalled_at, 'resumed_at', now()) END)

@@ -66,6 +66,9 @@ CREATE TABLE pgqueue.message_rows (
     has_dependents   boolean,      -- true: a child was sent with this message in its after
     park_key         text,         -- parked (pgq_park): the key a pgq_signal resumes it by ...
     park_until       timestamptz,  -- ... and when it resumes without one
+    claims_ended     integer NOT NULL DEFAULT 0,  -- claims that ended in a nack, park or re-arm (the
+                                   -- claim ledger's count: a claim takes the message as claim
+                                   -- number claims_ended + 1; an ack or fail ends with the row)
     -- The state and priority are known; only a claim has a session or a cancel request;
     -- delayed rows have a due time, and only they but pending ones (delayed once released);
     -- pending ones have parents; parked ones have a key and a timeout, claimed ones a token
@@ -107,24 +110,26 @@ CREATE INDEX messages_session_idx ON pgqueue.message_rows (session_pid)
 CREATE VIEW pgqueue.messages AS
 SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, visible_at, claim_token,
        claimed_at, consumer, lease_expires_at, last_error, session_pid, session_started, dedup_key,
-       cancel_requested_at, progress, after, has_dependents, park_key, park_until
+       cancel_requested_at, progress, after, has_dependents, park_key, park_until, claims_ended
   FROM pgqueue.message_rows;
 
--- The claim ledger (docs/design/write-path.md, step 2), written while pgqueue.claim_ledger is
--- on: one row per claim call, naming the messages it took and the attempt it took each at.
--- Its tokens name the row and carry a MAC under pgqueue.claim_key, so fencing finds the row by
--- its key. The rows above still decide who holds a message; fencing checks that the ledger
--- vouches for every claim they hold under such a token (XX000 where it does not), so that a
--- later release can stop writing them. The tick deletes a row once none of its messages is
--- held under it. Ids fit 48 bits (the token's).
+-- The claim ledger (docs/design/write-path.md, steps 2 and 3), written while
+-- pgqueue.claim_ledger is on: one row per claim call, naming the messages it took and, for
+-- each, its claim number (the message's claims_ended + 1). Its tokens name the row and carry
+-- a MAC of (message, claim, claim number) under pgqueue.claim_key, so fencing finds the row by
+-- its key. An entry is live while its message exists and has not ended that claim
+-- (claims_ended below its number). The rows above still decide who holds a message; fencing
+-- checks that the ledger agrees, both ways (XX000 where it does not), so that a later
+-- release can stop writing them. The tick deletes a row once none of its entries is live.
+-- Ids fit 48 bits (the token's).
 CREATE TABLE pgqueue.claims (
-    claim_id   bigint GENERATED ALWAYS AS IDENTITY (MAXVALUE 281474976710655) PRIMARY KEY,
-    queue      text NOT NULL,
-    msg_ids    bigint[] NOT NULL,   -- ascending
-    attempts   integer[] NOT NULL,  -- beside msg_ids: the attempt each was claimed at
-    claimed_at timestamptz NOT NULL,
+    claim_id      bigint GENERATED ALWAYS AS IDENTITY (MAXVALUE 281474976710655) PRIMARY KEY,
+    queue         text NOT NULL,
+    msg_ids       bigint[] NOT NULL,   -- ascending
+    claim_numbers integer[] NOT NULL,  -- beside msg_ids: the claim number each was taken as
+    claimed_at    timestamptz NOT NULL,
     CONSTRAINT claims_shape CHECK (pg_catalog.cardinality(msg_ids) >= 1
-                                   AND pg_catalog.cardinality(msg_ids) = pg_catalog.cardinality(attempts))
+                                   AND pg_catalog.cardinality(msg_ids) = pg_catalog.cardinality(claim_numbers))
 );
 
 -- The installation's secret for claim tokens (16 random bytes), readable by its owner only.

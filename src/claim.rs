@@ -239,15 +239,15 @@ static PICK_FROM: Statement = Statement {
     args: &[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID],
 };
 /// Claims the picked rows and writes the call's claim ledger row (`pgqueue.claims`): the rows'
-/// new attempts, read from the rows this claim holds locked, and their tokens, which name the
-/// ledger row (ledger.rs). One statement, as before the ledger.
+/// claim numbers (`claims_ended` + 1), read from the rows this claim holds locked, and their
+/// tokens, which name the ledger row (ledger.rs). One statement, as before the ledger.
 static CLAIM: Statement = Statement {
     sql: c"WITH taken AS (
-               SELECT m.msg_id, m.attempt + 1 AS attempt FROM pgqueue.messages m WHERE m.msg_id = ANY ($1)
+               SELECT m.msg_id, m.claims_ended + 1 AS number FROM pgqueue.messages m WHERE m.msg_id = ANY ($1)
            ), ledger AS (
-               INSERT INTO pgqueue.claims (queue, msg_ids, attempts, claimed_at)
+               INSERT INTO pgqueue.claims (queue, msg_ids, claim_numbers, claimed_at)
                SELECT $7, pg_catalog.array_agg(t.msg_id ORDER BY t.msg_id),
-                      pg_catalog.array_agg(t.attempt ORDER BY t.msg_id), $2
+                      pg_catalog.array_agg(t.number ORDER BY t.msg_id), $2
                  FROM taken t
                RETURNING claim_id
            )
@@ -255,7 +255,7 @@ static CLAIM: Statement = Statement {
               SET state = 'claimed', attempt = m.attempt + 1,
                   claim_token = pgqueue._claim_token(
                       (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
-                      l.claim_id, m.msg_id, m.attempt + 1),
+                      l.claim_id, m.msg_id, m.claims_ended + 1),
                   claimed_at = $2, lease_expires_at = $2 + $3, consumer = $4,
                   session_pid = $5, session_started = $6
              FROM ledger l
@@ -265,8 +265,8 @@ static CLAIM: Statement = Statement {
     args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
 };
 /// The same without the ledger (`pgqueue.claim_ledger` off, the default, or a database still
-/// running 0.20's SQL or earlier until ALTER EXTENSION UPDATE): random tokens ($7, the
-/// queue, unused).
+/// running 0.21's SQL or earlier until ALTER EXTENSION UPDATE, whose fencing counts claims
+/// otherwise): random tokens ($7, the queue, unused).
 static CLAIM_WITHOUT_LEDGER: Statement = Statement {
     sql: c"UPDATE pgqueue.messages m
               SET state = 'claimed', claim_token = pg_catalog.gen_random_uuid(), attempt = m.attempt + 1,
@@ -450,8 +450,8 @@ fn claim_picked(
     (bound_pid, bound_start): (Option<i32>, Option<TimestampWithTimeZone>),
     outer: pg_sys::MemoryContext,
 ) -> Vec<Claimed> {
-    // The ledger is written where the setting asks for it and the SQL has it (0.21.0 on).
-    let ledger = crate::guc::CLAIM_LEDGER.get() && crate::statement::has_column(c"claims", c"claim_id");
+    // The ledger is written where the setting asks for it and the SQL has it (0.22.0 on: 0.21.0 counted attempts).
+    let ledger = crate::guc::CLAIM_LEDGER.get() && crate::statement::has_column(c"messages", c"claims_ended");
     let statement = if ledger { &CLAIM } else { &CLAIM_WITHOUT_LEDGER };
     let rows = statement.run(&[
         picked.to_vec().into_datum(),

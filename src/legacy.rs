@@ -10,8 +10,11 @@
 //! | `_wait` | 0.3.0 – 0.7.0 (`pgq_claim` with `wait`) |
 //! | `_ahead` | 0.5.0 – 0.6.0 (`pgq_claim`) |
 //! | `pgq_ack_claim` | 0.8.0 – 0.15.0 (`pgq_ack_claim`, before `ack_results`) |
+//! | `_vouched` | 0.21.0 (fencing; and `finish.rs` on its tables) |
 
 use crate::claim::{self, Ask, Jsonb};
+use crate::claim_token;
+use crate::ledger::key;
 use crate::queue_state::{self, Key};
 use crate::wait;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
@@ -122,4 +125,34 @@ fn pgq_ack_claim(
 > {
     let acks = [ack_msg_ids.map(|a| a.datum()), ack_claim_tokens.map(|a| a.datum()), None];
     TableIterator::new(claim::ack_claim(acks, Ask { queue, qty, lease, consumer, session_bound, wait }))
+}
+
+/// 0.21.0's fencing (its SQL, until ALTER EXTENSION UPDATE, and `finish.rs` on its tables):
+/// the check of a message held under a token of the ledger's kind (fencing asks only
+/// then: a random token, of a release before 0.21.0 or of `pgqueue.claim_ledger = off`, is the
+/// row's word alone): the token must verify for the row's attempt and name a ledger row that
+/// exists (`in_ledger`, looked up in the statement's snapshot, so that a concurrent ack and
+/// prune cannot make it a false alarm). Where it does not, the two records of who holds the
+/// message disagree: XX000, never an answer either way. True otherwise.
+#[pg_extern(stable, parallel_safe, cost = 10)]
+fn _vouched(
+    token: Option<Uuid>,
+    msg_id: Option<i64>,
+    attempt: Option<i32>,
+    key_bytes: Option<&[u8]>,
+    in_ledger: Option<bool>,
+) -> bool {
+    let (Some(token), Some(msg_id), Some(attempt)) = (token, msg_id, attempt) else {
+        error!("pgqueue: _vouched needs a token, a msg_id and an attempt")
+    };
+    let verifies = key_bytes.is_some_and(|k| claim_token::verify(&key(k), token.as_bytes(), msg_id, attempt));
+    if !verifies || in_ledger != Some(true) {
+        error!(
+            "pgqueue: message {msg_id} is held under a claim the claim ledger does not vouch for: the row's token \
+             {token} {} for attempt {attempt}, and its ledger row {}",
+            if verifies { "verifies" } else { "does not verify" },
+            if in_ledger == Some(true) { "exists" } else { "is missing" }
+        );
+    }
+    true
 }

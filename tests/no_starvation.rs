@@ -982,13 +982,13 @@ impl Ctl<'_> {
         let paused = now();
         self.starved_at_pause(name, worker_on)?;
         let queues: Vec<&str> = QUEUES.to_vec();
-        // Every claim held is one the claim ledger vouches for (fencing would raise XX000 at
-        // its ack; this finds those not acked yet).
-        let unvouched = common::kit::unvouched_claims(self.conn.get(), &queues);
-        if !unvouched.is_empty() {
+        // The claim ledger and the rows agree on every claim, both ways (fencing would raise
+        // XX000 where a token meets a disagreement; this finds those no token met yet).
+        let disagreeing = common::kit::ledger_disagreements(self.conn.get(), &queues);
+        if !disagreeing.is_empty() {
             return Err(Stuck {
-                what: format!("checkpoint {name}: claims the ledger does not vouch for"),
-                ids: unvouched,
+                what: format!("checkpoint {name}: the claim ledger and the rows disagree"),
+                ids: disagreeing,
             });
         }
         let r = self

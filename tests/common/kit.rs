@@ -190,19 +190,30 @@ pub fn count(c: &mut impl GenericClient, sql: &str, q: &str) -> i64 {
     c.query_one(sql, &[&q]).unwrap().get(0)
 }
 
-/// Claimed messages whose claim the claim ledger does not vouch for (0.21.0 on): held under a
-/// token the ledger issued whose ledger row is missing, does not list the message at the
-/// row's attempt, or is of another message. Tests with many sessions, rollbacks, kills and
-/// restarts end by asserting there are none in their queues; fencing raises XX000 on any it
-/// meets.
-pub fn unvouched_claims(c: &mut impl GenericClient, queues: &[&str]) -> Vec<i64> {
+/// Messages on which the claim ledger and their rows disagree (0.22.0 on), both ways: held
+/// under a token the ledger issued that does not sign the message's current claim number
+/// (`claims_ended` + 1), or whose ledger row is missing or does not list it so; or listed by
+/// a live ledger entry (the message there, its claim number past `claims_ended`) that its row
+/// does not hold under that entry's token (a claim ended without being counted, or two live
+/// claims). Tests with many sessions, rollbacks, kills and restarts end by asserting there are
+/// none in their queues; fencing raises XX000 on any it meets.
+pub fn ledger_disagreements(c: &mut impl GenericClient, queues: &[&str]) -> Vec<i64> {
     c.query(
-        "SELECT m.msg_id FROM pgqueue.messages m
+        "WITH k AS (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1)
+         SELECT m.msg_id FROM pgqueue.messages m, k
           WHERE m.queue = ANY ($1) AND m.state = 'claimed' AND pgqueue._token_claim(m.claim_token) IS NOT NULL
-            AND NOT EXISTS (SELECT FROM pgqueue.claims l
-                             WHERE l.claim_id = pgqueue._token_claim(m.claim_token)
-                               AND l.attempts[array_position(l.msg_ids, m.msg_id)] = m.attempt)
-          ORDER BY m.msg_id",
+            AND (m.claim_token <> pgqueue._claim_token(k.key, pgqueue._token_claim(m.claim_token), m.msg_id,
+                                                      m.claims_ended + 1)
+                 OR NOT EXISTS (SELECT FROM pgqueue.claims l
+                                 WHERE l.claim_id = pgqueue._token_claim(m.claim_token)
+                                   AND l.claim_numbers[array_position(l.msg_ids, m.msg_id)] = m.claims_ended + 1))
+         UNION
+         SELECT e.msg_id FROM pgqueue.claims l, unnest(l.msg_ids, l.claim_numbers) AS e(msg_id, number),
+                pgqueue.messages m, k
+          WHERE l.queue = ANY ($1) AND m.msg_id = e.msg_id AND m.claims_ended < e.number
+            AND NOT (m.state = 'claimed'
+                     AND m.claim_token IS NOT DISTINCT FROM pgqueue._claim_token(k.key, l.claim_id, e.msg_id, e.number))
+          ORDER BY 1",
         &[&queues],
     )
     .unwrap()

@@ -1,13 +1,17 @@
-//! The claim ledger (0.21.0, step 2 of the write path): every claim call writes one row of
-//! `pgqueue.claims`, its tokens name that row, and fencing (renew, ack, nack, fail, park,
-//! pgq_ack_claim) raises XX000 where a message row is held under a token the ledger does not
-//! vouch for, changing nothing. Stale tokens stay refused quietly (false), as before. The
-//! tick's "claims" step deletes the rows none of whose messages is held under them. With
+//! The claim ledger (0.21.0, step 2 of the write path; two-way since 0.22.0): every claim call
+//! writes one row of `pgqueue.claims`, listing each message at its claim number (its
+//! `claims_ended` + 1: nacks, parks and re-arms count the claims they end), and its tokens
+//! name that row. Fencing (renew, ack, nack, fail, park, pgq_ack_claim) raises XX000, changing
+//! nothing, where the ledger and the message's row disagree either way: the row holds the
+//! message under a token the ledger does not vouch for, or the ledger vouches for a token the
+//! row does not hold it under. Stale tokens stay refused quietly (false), as before. The
+//! tick's "claims" step deletes the rows none of whose entries is live. With
 //! `pgqueue.claim_ledger` off (the default) claims hand out random tokens and write no ledger
 //! row, which fencing takes on the row's word (`random token` below).
 
-use crate::common::kit::{Claimed, claim, claim_one, message, new_queue, send_many, unvouched_claims};
+use crate::common::kit::{Claimed, claim, claim_one, ledger_disagreements, message, new_queue, send_many};
 use crate::common::{Client, sqlstate};
+use postgres::GenericClient;
 use uuid::Uuid;
 
 /// A session whose claims write the ledger (`pgqueue.claim_ledger` is off by default).
@@ -17,9 +21,9 @@ fn connect() -> Client {
     c
 }
 
-/// The ledger rows of queue `q`: (claim_id, msg_ids, attempts).
-fn ledger(c: &mut Client, q: &str) -> Vec<(i64, Vec<i64>, Vec<i32>)> {
-    c.query("SELECT claim_id, msg_ids, attempts FROM pgqueue.claims WHERE queue = $1 ORDER BY claim_id", &[&q])
+/// The ledger rows of queue `q`: (claim_id, msg_ids, claim_numbers).
+fn ledger(c: &mut impl GenericClient, q: &str) -> Vec<(i64, Vec<i64>, Vec<i32>)> {
+    c.query("SELECT claim_id, msg_ids, claim_numbers FROM pgqueue.claims WHERE queue = $1 ORDER BY claim_id", &[&q])
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
@@ -56,7 +60,7 @@ fn a_claim_call_writes_one_ledger_row_that_its_tokens_name() {
     }
     let tokens: std::collections::HashSet<Uuid> = first.iter().chain(&second).map(|m| m.token).collect();
     assert_eq!(tokens.len(), 5, "tokens stay distinct per message");
-    assert!(unvouched_claims(&mut c, &[&q]).is_empty());
+    assert!(ledger_disagreements(&mut c, &[&q]).is_empty());
 }
 
 /// Each fencing call, as SQL taking the message's id ($1) and token ($2) and saying whether
@@ -76,7 +80,7 @@ const FENCED: [(&str, &str); 7] = [
     ),
 ];
 
-fn took(c: &mut Client, sql: &str, id: i64, token: Uuid) -> Result<bool, postgres::Error> {
+fn took(c: &mut impl GenericClient, sql: &str, id: i64, token: Uuid) -> Result<bool, postgres::Error> {
     c.query_one(sql, &[&id, &token]).map(|r| r.get(0))
 }
 
@@ -90,12 +94,12 @@ fn fencing_raises_xx000_and_changes_nothing_where_the_ledger_does_not_vouch_for_
         let m = claim_one(&mut c, &q, None);
         let row = named(&mut c, m.token);
         c.execute("DELETE FROM pgqueue.claims WHERE claim_id = $1", &[&row]).unwrap();
-        assert_eq!(unvouched_claims(&mut c, &[&q]), [m.id]);
+        assert_eq!(ledger_disagreements(&mut c, &[&q]), [m.id]);
         let before = message(&mut c, m.id);
         assert_eq!(sqlstate(took(&mut c, sql, m.id, m.token)), "XX000", "{name}, no ledger row");
         assert_eq!(message(&mut c, m.id), before, "{name} changed nothing");
 
-        // A token the ledger issued for another attempt, written to the row by hand.
+        // A token the ledger issued for another claim number, written to the row by hand.
         let other = claim_one(&mut c, &q, None);
         let row = named(&mut c, other.token);
         let forged: Uuid = c
@@ -103,7 +107,7 @@ fn fencing_raises_xx000_and_changes_nothing_where_the_ledger_does_not_vouch_for_
             .unwrap()
             .get(0);
         c.execute("UPDATE pgqueue.message_rows SET claim_token = $2 WHERE msg_id = $1", &[&other.id, &forged]).unwrap();
-        assert_eq!(sqlstate(took(&mut c, sql, other.id, forged)), "XX000", "{name}, a token of attempt 7");
+        assert_eq!(sqlstate(took(&mut c, sql, other.id, forged)), "XX000", "{name}, a token of claim number 7");
         assert_eq!(message(&mut c, other.id).map(|m| m.state), Some("claimed".into()), "{name} changed nothing");
 
         // A random token (as claims in flight during the update keep): the row's word alone.
@@ -122,7 +126,7 @@ fn stale_tokens_stay_refused_without_an_error() {
     let q = new_queue(&mut c, "");
     send_many(&mut c, &q, 2, "0");
     // A claim rolled back: its token names a ledger row that never committed, and the
-    // message's next claim is the same attempt.
+    // message's next claim has the same attempt and claim number.
     let mut tx = c.transaction().unwrap();
     let lost: Claimed = claim_one(&mut tx, &q, None);
     tx.rollback().unwrap();
@@ -139,11 +143,11 @@ fn stale_tokens_stay_refused_without_an_error() {
         }
     }
     assert_eq!(message(&mut c, again.id).map(|m| m.token), Some(Some(again.token)), "still held");
-    assert!(unvouched_claims(&mut c, &[&q]).is_empty());
+    assert!(ledger_disagreements(&mut c, &[&q]).is_empty());
 }
 
 #[test]
-fn the_claims_step_deletes_a_ledger_row_once_none_of_its_messages_is_held_under_it() {
+fn the_claims_step_deletes_a_ledger_row_once_none_of_its_entries_is_live() {
     let mut c = connect();
     let q = new_queue(&mut c, "");
     send_many(&mut c, &q, 4, "0");
@@ -166,7 +170,7 @@ fn the_claims_step_deletes_a_ledger_row_once_none_of_its_messages_is_held_under_
     assert!(pruned >= 1);
     assert!(!in_ledger(&mut c), "none held under it");
     assert_eq!(ledger(&mut c, &q).len(), 1, "the retry's row stays");
-    assert!(unvouched_claims(&mut c, &[&q]).is_empty());
+    assert!(ledger_disagreements(&mut c, &[&q]).is_empty());
     // The retry's token still acks (its row was not pruned with the other).
     assert!(crate::common::kit::ack(&mut c, &retried));
     prune_claims(&mut c);
@@ -189,4 +193,119 @@ fn with_the_setting_off_claims_write_no_ledger_row_and_their_random_tokens_ack()
     assert_eq!(ledger(&mut c, &q).len(), 1);
     assert!(crate::common::kit::ack(&mut on, &m));
     assert!(crate::common::kit::ack(&mut c, &n));
+}
+
+/// The message's count of ended claims.
+fn claims_ended(c: &mut Client, id: i64) -> i32 {
+    c.query_one("SELECT claims_ended FROM pgqueue.messages WHERE msg_id = $1", &[&id]).unwrap().get(0)
+}
+
+#[test]
+fn fencing_raises_xx000_and_changes_nothing_where_the_ledger_vouches_for_a_claim_the_row_does_not_hold() {
+    let mut c = connect();
+    for (name, sql) in FENCED {
+        let q = new_queue(&mut c, "");
+        send_many(&mut c, &q, 1, "0");
+        let m = claim_one(&mut c, &q, None);
+        assert!(
+            c.query_one("SELECT pgqueue.pgq_nack($1, $2, retry_in => '1 hour')", &[&m.id, &m.token])
+                .unwrap()
+                .get::<_, bool>(0)
+        );
+        assert_eq!(claims_ended(&mut c, m.id), 1, "the nack counted the claim it ended");
+        assert!(!took(&mut c, sql, m.id, m.token).unwrap(), "{name}: the nacked claim's token, refused");
+        // The end uncounted by hand (as a release forgetting to count one would leave it).
+        c.execute("UPDATE pgqueue.message_rows SET claims_ended = 0 WHERE msg_id = $1", &[&m.id]).unwrap();
+        assert_eq!(ledger_disagreements(&mut c, &[&q]), [m.id]);
+        let before = message(&mut c, m.id);
+        assert_eq!(sqlstate(took(&mut c, sql, m.id, m.token)), "XX000", "{name}: the ledger vouches, the row does not");
+        assert_eq!(message(&mut c, m.id), before, "{name} changed nothing");
+        c.execute("SELECT pgqueue.pgq_drop_queue($1, force => true)", &[&q]).unwrap();
+    }
+}
+
+#[test]
+fn a_park_that_resumes_at_once_gives_the_attempt_back_but_ends_the_claim() {
+    let mut c = connect();
+    let q = new_queue(&mut c, "");
+    send_many(&mut c, &q, 1, "0");
+    let key = format!("{q}-resume");
+    // In one transaction, so that the tick cannot prune the parked claim's ledger row.
+    let mut tx = c.transaction().unwrap();
+    tx.execute("SELECT pgqueue.pgq_signal($1, keep => '1 hour')", &[&key]).unwrap();
+    let parked = claim_one(&mut tx, &q, None);
+    let resumed: bool = tx
+        .query_one("SELECT pgqueue.pgq_park($1, $2, $3, '1 hour')", &[&parked.id, &parked.token, &key])
+        .unwrap()
+        .get(0);
+    assert!(resumed);
+    assert_eq!(message(&mut tx, parked.id).map(|m| (m.state, m.attempt)), Some(("ready".into(), 0)), "resumed at once");
+    let again = claim_one(&mut tx, &q, None);
+    assert_eq!((again.id, again.attempt), (parked.id, parked.attempt), "the same attempt again");
+    assert_eq!(
+        ledger(&mut tx, &q).iter().map(|r| r.2.clone()).collect::<Vec<_>>(),
+        [vec![1], vec![2]],
+        "claim numbers"
+    );
+    // The parked claim's ledger row is there; its token signed claim number 1.
+    for (name, sql) in FENCED {
+        assert!(!took(&mut tx, sql, parked.id, parked.token).unwrap_or_else(|e| panic!("{name}: {e}")), "{name}");
+    }
+    assert!(ledger_disagreements(&mut tx, &[&q]).is_empty());
+    assert!(crate::common::kit::ack(&mut tx, &again));
+    tx.commit().unwrap();
+}
+
+#[test]
+fn nacks_parks_and_re_arms_count_the_claims_they_end() {
+    let mut c = connect();
+    let q = new_queue(&mut c, "");
+    send_many(&mut c, &q, 1, "0");
+    let first = claim_one(&mut c, &q, None);
+    c.execute("SELECT pgqueue.pgq_nack($1, $2, retry_in => '0')", &[&first.id, &first.token]).unwrap();
+    let second = claim_one(&mut c, &q, None);
+    c.execute(
+        "UPDATE pgqueue.message_rows SET lease_expires_at = now() - interval '1 s' WHERE msg_id = $1",
+        &[&second.id],
+    )
+    .unwrap();
+    // Re-armed here or by the worker's tick, whichever comes first.
+    crate::common::wait_for("the expired claim re-armed", std::time::Duration::from_secs(30), || {
+        c.execute("SELECT FROM pgqueue._rearm_batch(0, 100, $1)", &[&q]).unwrap();
+        (message(&mut c, second.id).map(|m| m.state) == Some("ready".into())).then_some(())
+    });
+    let third = claim_one(&mut c, &q, None);
+    c.execute("SELECT pgqueue.pgq_park($1, $2, $3 || '-count', '1 hour')", &[&third.id, &third.token, &q]).unwrap();
+    assert_eq!(claims_ended(&mut c, first.id), 3, "a nack, a re-arm and a park");
+    assert!(ledger_disagreements(&mut c, &[&q]).is_empty());
+    for old in [first, second, third] {
+        assert!(!took(&mut c, FENCED[0].1, old.id, old.token).unwrap(), "claim {}'s token refused", old.token);
+    }
+    prune_claims(&mut c);
+    assert!(ledger(&mut c, &q).is_empty(), "none live");
+}
+
+#[test]
+fn a_redriven_message_is_claimed_past_the_claims_the_ledger_still_lists() {
+    let mut c = connect();
+    let q = new_queue(&mut c, "");
+    send_many(&mut c, &q, 2, "0");
+    // Claimed together; one dead-lettered, the other still held: the row stays.
+    let both = claim(&mut c, &q, 2, None);
+    c.execute("SELECT pgqueue.pgq_fail($1, $2, 'x')", &[&both[0].id, &both[0].token]).unwrap();
+    prune_claims(&mut c);
+    assert_eq!(ledger(&mut c, &q).len(), 1, "the row of the claim still held");
+    let back: i64 =
+        c.query_one("SELECT pgqueue.pgq_redrive($1, ARRAY[$2::bigint])", &[&q, &both[0].id]).unwrap().get(0);
+    assert_eq!(back, 1);
+    assert_eq!(claims_ended(&mut c, both[0].id), 1, "past the claim the ledger lists");
+    assert!(ledger_disagreements(&mut c, &[&q]).is_empty());
+    let again = claim_one(&mut c, &q, None);
+    assert_eq!(again.id, both[0].id);
+    for (name, sql) in FENCED {
+        assert!(!took(&mut c, sql, both[0].id, both[0].token).unwrap_or_else(|e| panic!("{name}: {e}")), "{name}");
+    }
+    assert!(crate::common::kit::ack(&mut c, &again));
+    assert!(crate::common::kit::ack(&mut c, &both[1]));
+    assert!(ledger_disagreements(&mut c, &[&q]).is_empty());
 }

@@ -8,7 +8,7 @@
 use crate::common;
 
 use common::server::Server;
-use common::{Claimed, Client, ack, claim, claim_one, message, send_many, unvouched_claims, wait_for};
+use common::{Claimed, Client, ack, claim, claim_one, ledger_disagreements, message, send_many, wait_for};
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -66,7 +66,7 @@ fn claims_survive_an_immediate_shutdown_with_their_tokens_attempts_and_leases() 
         assert_eq!((now.state.as_str(), now.token, now.attempt), ("claimed", Some(m.token), 1));
         assert_eq!(&lease_ends(&mut c, m.id), lease, "its lease is unchanged");
     }
-    assert!(unvouched_claims(&mut c, &["crash"]).is_empty(), "the claim ledger survives the crash with them");
+    assert!(ledger_disagreements(&mut c, &["crash"]).is_empty(), "the claim ledger survives the crash with them");
     // The message never claimed, and (as new attempts) the expired lease and the dead
     // session's claim: nothing else, however long the worker runs.
     let mut back: Vec<Claimed> = vec![];
@@ -118,7 +118,7 @@ fn prepared_claims_nacks_and_acks_are_neither_handed_out_twice_nor_lost() {
     let_ticks_pass(&mut c, 3);
     assert!(claim(&mut c, "prepared", 10, None).is_empty(), "nothing is handed out twice after a restart");
     c.batch_execute("COMMIT PREPARED 'claim'").unwrap();
-    assert!(unvouched_claims(&mut c, &["prepared"]).is_empty(), "the ledger row committed with the claim");
+    assert!(ledger_disagreements(&mut c, &["prepared"]).is_empty(), "the ledger row committed with the claim");
     assert!(ack(&mut c, &held), "the prepared claim's token acks once committed");
 
     // A prepared nack, committed: the message is claimable again (within a tick).
