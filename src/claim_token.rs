@@ -4,10 +4,12 @@
 //!
 //! A token is a version-8 UUID holding the claim's ledger id (48 bits), the attempt (its low
 //! 12 bits) and 62 bits of a SipHash-2-4 MAC of (msg_id, claim id, whole attempt) under the
-//! installation's secret key. An ack, nack, fail, renew or park checks it against the row's
-//! current attempt without reading anything but the claim's ledger row by its id: a token of
-//! an attempt that has ended, of another message, or made up, does not verify. Tokens stay
-//! opaque to users and distinct per message and attempt.
+//! installation's secret key. The "attempt" here is the message's claim number since 0.22.0
+//! (its `claims_ended` + 1, which never goes back; 0.21.0 used the attempt). An ack, nack,
+//! fail, renew or park checks it against the row's current number without reading anything
+//! but the claim's ledger row by its id: a token of a claim that has ended, of another
+//! message, or made up, does not verify. Tokens stay opaque to users and distinct per message
+//! and claim.
 
 use siphasher::sip::SipHasher24;
 use std::hash::Hasher;

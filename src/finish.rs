@@ -94,51 +94,46 @@ macro_rules! held_by_row {
         "(m.claim_token = u.token AND m.state = 'claimed')"
     };
 }
+/// The statement on the tables of 0.17.0 and later (dependencies, results, progress), with
+/// `$held`, the fence, as the release's SQL has it.
+macro_rules! to_history_since_0_17 {
+    ($held:expr) => {
+        to_history!(
+            $held,
+            "m.cancel_requested_at IS NOT NULL",
+            "m.progress",
+            "m.has_dependents",
+            "m.after",
+            ", result, progress, after",
+            ", g.result, g.progress, g.after"
+        )
+    };
+}
 /// The fence: the message is held under the token; and (0.22.0 on) for a token the claim
 /// ledger issued, the ledger agrees, both ways (ledger.rs; the ledger row looked up in this
 /// statement's snapshot).
-static TO_HISTORY: Statement = to_history!(
+static TO_HISTORY: Statement = to_history_since_0_17!(
     "CASE WHEN pgqueue._token_claim(u.token) IS NULL THEN m.claim_token = u.token AND m.state = 'claimed'
           ELSE pgqueue._ledger_agrees(u.token, m.msg_id, m.claims_ended + 1,
                                       m.claim_token = u.token AND m.state = 'claimed',
                                       (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                                       EXISTS (SELECT FROM pgqueue.claims c
                                                WHERE c.claim_id = pgqueue._token_claim(u.token)))
-     END",
-    "m.cancel_requested_at IS NOT NULL",
-    "m.progress",
-    "m.has_dependents",
-    "m.after",
-    ", result, progress, after",
-    ", g.result, g.progress, g.after"
+     END"
 );
 /// The same for a database still running an earlier release's SQL (until ALTER EXTENSION
 /// UPDATE): 0.21.0's ledger counts attempts, and only vouches for what the row holds;
 /// 0.20.0's has no claim ledger; 0.16.0's no dependencies; 0.15.0's keeps neither
 /// results nor progress; 0.14.0's messages cannot be cancelled.
-static TO_HISTORY_0_21: Statement = to_history!(
+static TO_HISTORY_0_21: Statement = to_history_since_0_17!(
     "CASE WHEN m.claim_token IS DISTINCT FROM u.token OR m.state <> 'claimed' THEN false
           WHEN pgqueue._token_claim(u.token) IS NULL THEN true
           ELSE pgqueue._vouched(u.token, m.msg_id, m.attempt,
                                  (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                                  EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(u.token)))
-     END",
-    "m.cancel_requested_at IS NOT NULL",
-    "m.progress",
-    "m.has_dependents",
-    "m.after",
-    ", result, progress, after",
-    ", g.result, g.progress, g.after"
+     END"
 );
-static TO_HISTORY_0_20: Statement = to_history!(
-    held_by_row!(),
-    "m.cancel_requested_at IS NOT NULL",
-    "m.progress",
-    "m.has_dependents",
-    "m.after",
-    ", result, progress, after",
-    ", g.result, g.progress, g.after"
-);
+static TO_HISTORY_0_20: Statement = to_history_since_0_17!(held_by_row!());
 static TO_HISTORY_0_16: Statement = to_history!(
     held_by_row!(),
     "m.cancel_requested_at IS NOT NULL",
