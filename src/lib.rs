@@ -207,8 +207,8 @@ pub mod pg_test {
             // Tests run side by side, some with 64 connections of their own.
             "max_connections = 200",
         ];
-        // The claim ledger's shadow (0.21.0) runs under the whole suite on 17 and 18; 15 runs
-        // the default, without it. Tests of the ledger itself turn it on in their sessions.
+        // The claim ledger's shadow (0.21.0; checked both ways since 0.22.0) runs under the
+        // whole suite on 17 and 18; 15 runs the default, without it. Tests of the ledger itself turn it on in their sessions.
         if cfg!(not(feature = "pg15")) {
             options.push("pgqueue.claim_ledger = on");
         }

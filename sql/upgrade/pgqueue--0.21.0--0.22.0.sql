@@ -21,6 +21,17 @@ SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, v
   FROM pgqueue.message_rows;
 
 ALTER TABLE pgqueue.claims RENAME COLUMN attempts TO claim_numbers;
+-- PostgreSQL 18 keeps NOT NULL constraints by name, made from the column's when it was added:
+-- a fresh install's is claims_claim_numbers_not_null. (Before 18 there are none.)
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_constraint c
+                WHERE c.conrelid = 'pgqueue.claims'::regclass AND c.contype = 'n'
+                  AND c.conname = 'claims_attempts_not_null') THEN
+        ALTER TABLE pgqueue.claims RENAME CONSTRAINT claims_attempts_not_null TO claims_claim_numbers_not_null;
+    END IF;
+END
+$$;
 -- 0.21.0 numbered a claim by the attempt it began, which a park that resumes at once gives
 -- back: entries its rows no longer hold could look live by the new count. Only the entries
 -- of claims the rows hold stay.
