@@ -261,7 +261,7 @@ fn an_update_from_0_21_0_carries_over_the_claims_held_under_the_ledgers_tokens()
     u.batch_execute(
         "CREATE EXTENSION pgqueue VERSION '0.21.0';
          SELECT pgqueue.pgq_create_queue('jobs', lease => '1 hour');
-         SELECT pgqueue.pgq_send('jobs', jsonb_build_object('n', g)) FROM generate_series(1, 3) g;
+         SELECT pgqueue.pgq_send('jobs', jsonb_build_object('n', g)) FROM generate_series(1, 4) g;
          SELECT pgqueue.pgq_signal('resume', keep => '1 hour');",
     )
     .unwrap();
@@ -293,6 +293,12 @@ fn an_update_from_0_21_0_carries_over_the_claims_held_under_the_ledgers_tokens()
         .map(|r| (r.get(0), r.get(1)))
         .collect()
     };
+    // Before the update, this library acks such a token as 0.21.0 did (finish.rs on 0.21.0's
+    // tables).
+    let early = as_0_21(&mut tx, 1)[0];
+    let acked: bool =
+        tx.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&early.0, &early.1]).unwrap().get(0);
+    assert!(acked, "a 0.21.0 ledger token acks on 0.21.0's SQL");
     let mut two = as_0_21(&mut tx, 2);
     two.sort();
     let parked = as_0_21(&mut tx, 1)[0];
@@ -304,9 +310,9 @@ fn an_update_from_0_21_0_carries_over_the_claims_held_under_the_ledgers_tokens()
     let ledger_rows = |tx: &mut postgres::Transaction| -> i64 {
         tx.query_one("SELECT count(*) FROM pgqueue.claims", &[]).unwrap().get(0)
     };
-    assert_eq!(ledger_rows(&mut tx), 3, "the parked claim's row is still there");
+    assert_eq!(ledger_rows(&mut tx), 4, "the acked and the parked claims' rows are still there");
     tx.batch_execute("ALTER EXTENSION pgqueue UPDATE").unwrap();
-    assert_eq!(ledger_rows(&mut tx), 2, "the parked claim's row is dropped");
+    assert_eq!(ledger_rows(&mut tx), 2, "the acked and the parked claims' rows are dropped");
     assert!(common::ledger_disagreements(&mut tx, &["jobs"]).is_empty());
     tx.commit().unwrap();
 
