@@ -166,3 +166,11 @@ BEGIN
                                       CASE WHEN progress IS NOT NULL THEN ARRAY[progress] END));
 END
 $$;
+
+-- Claim ledger rows written other than by a claim (a restore's COPY, an operator's INSERT)
+-- make this database's held set forget everything at their commit (src/held.rs): it must not
+-- vouch that their messages are free.
+CREATE TRIGGER claims_written AFTER INSERT ON pgqueue.claims
+    FOR EACH STATEMENT EXECUTE FUNCTION pgqueue._claims_written();
+-- A set left by an earlier instance of the extension in this database knows nothing of it.
+SELECT pgqueue._held_forget();

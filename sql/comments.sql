@@ -98,6 +98,8 @@ COMMENT ON VIEW pgqueue.schedule_stats IS
     'per schedule: next run, last run and its lateness, run counts, last error';
 COMMENT ON VIEW pgqueue.shared_state IS
     'pgqueue''s shared memory, all databases: max_queues, queues tracked, times it was full';
+COMMENT ON VIEW pgqueue.held_set IS
+    'this database''s held set in shared memory (the claims of the claim ledger): exact or not, size, rebuilds';
 
 -- Tables
 COMMENT ON TABLE pgqueue.queues IS

@@ -84,6 +84,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     h record;
     wait interval;
+    ended integer;
 BEGIN
     IF queue IS NOT NULL THEN
         PERFORM pgqueue._queue(queue);
@@ -117,7 +118,10 @@ BEGIN
            claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL, consumer = NULL,
            session_pid = NULL, session_started = NULL, last_error = coalesce(error, m.last_error),
            claims_ended = m.claims_ended + 1
-     WHERE m.msg_id = h.msg_id;
+     WHERE m.msg_id = h.msg_id
+    RETURNING m.claims_ended INTO ended;
+    -- The claim's end, for the held set at commit (claims of the ledger's tokens only).
+    PERFORM pgqueue._held_end(ARRAY[h.msg_id], ARRAY[ended]) WHERE pgqueue._token_claim(claim_token) IS NOT NULL;
     PERFORM pgqueue._note(h.queue, 1, 'claimed', CASE WHEN wait > interval '0' THEN 'delayed' ELSE 'ready' END,
                           h.priority, h.msg_id, h.msg_id, now() + wait);
     RETURN true;
@@ -251,12 +255,15 @@ BEGIN
                consumer = NULL, session_pid = NULL, session_started = NULL, last_error = 'lease expired',
                claims_ended = m.claims_ended + 1
          WHERE m.msg_id = ANY (retry)
-        RETURNING m.queue, m.priority, m.msg_id
+        RETURNING m.queue, m.priority, m.msg_id, m.claims_ended
+    ), ended AS (
+        -- The claims' ends, for the held set at commit.
+        SELECT pgqueue._held_end(array_agg(b.msg_id), array_agg(b.claims_ended)) FROM back b
     )
     SELECT coalesce(sum(n), 0) INTO rearmed
       FROM (SELECT count(*) AS n, pgqueue._note(b.queue, count(*), 'claimed', 'ready', b.priority,
                                                 min(b.msg_id), max(b.msg_id))
-              FROM back b GROUP BY b.queue, b.priority) r;
+              FROM back b GROUP BY b.queue, b.priority) r, ended;
     dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
         exhausted, NULL, 'dead', 'lease expired on the last attempt'));
     -- Cancel requested and the holder gone: finished as cancelled, not retried.

@@ -50,6 +50,7 @@ DECLARE
     h record;
     kept record;
     park jsonb;
+    ended integer;
 BEGIN
     IF queue IS NOT NULL THEN
         PERFORM pgqueue._queue(queue);
@@ -106,7 +107,10 @@ BEGIN
            headers = pgqueue._park_headers(m.headers, park,
                CASE WHEN kept.signalled THEN pg_catalog.jsonb_build_object(
                    'signal', kept.signal, 'signalled_at', kept.signalled_at, 'resumed_at', now()) END)
-     WHERE m.msg_id = h.msg_id;
+     WHERE m.msg_id = h.msg_id
+    RETURNING m.claims_ended INTO ended;
+    -- The claim's end, for the held set at commit (claims of the ledger's tokens only).
+    PERFORM pgqueue._held_end(ARRAY[h.msg_id], ARRAY[ended]) WHERE pgqueue._token_claim(claim_token) IS NOT NULL;
     PERFORM pgqueue._note(h.queue, 1, 'claimed', 'parked');
     IF kept.signalled THEN
         PERFORM pgqueue._note(h.queue, 1, 'parked', 'ready', h.priority, h.msg_id, h.msg_id);

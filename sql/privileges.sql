@@ -50,13 +50,13 @@ GRANT EXECUTE ON FUNCTION
     pgqueue.pgq_resume_schedule(text)
 TO pgqueue_admin;
 GRANT SELECT ON pgqueue.queue_stats, pgqueue.worker_stats, pgqueue.queue_depth, pgqueue.queue_overview,
-    pgqueue.shared_state,
+    pgqueue.shared_state, pgqueue.held_set,
     pgqueue.schedule_stats, pgqueue.queue_minutes, pgqueue.audit_log, pgqueue.queues
     TO pgqueue_admin, pg_monitor;
 -- Payloads are the applications' data: readable by admins, and by whom they grant it to.
 GRANT SELECT ON pgqueue.jobs, pgqueue.dedup_keys, pgqueue.dependencies, pgqueue.park_keys, pgqueue.claims
     TO pgqueue_admin;
-GRANT EXECUTE ON FUNCTION pgqueue._queue_depth(), pgqueue._dead_letters(), pgqueue._shared_state(),
+GRANT EXECUTE ON FUNCTION pgqueue._queue_depth(), pgqueue._dead_letters(), pgqueue._shared_state(), pgqueue._held_set(),
     pgqueue._local_time(timestamptz, text), pgqueue._oldest_ready(text)
     TO pgqueue_admin, pg_monitor;
 

@@ -139,10 +139,14 @@ BEGIN
     END IF;
     WITH gone AS (
         DELETE FROM pgqueue.message_rows m WHERE m.queue = pgq_drop_queue.queue
-        RETURNING m.msg_id, m.has_dependents, m.after IS NOT NULL AS child
+        RETURNING m.msg_id, m.has_dependents, m.after IS NOT NULL AS child,
+                  CASE WHEN m.state = 'claimed' THEN m.claims_ended + 1 END AS number
     )
-    SELECT array_agg(g.msg_id) FILTER (WHERE g.has_dependents), array_agg(g.msg_id) FILTER (WHERE g.child)
-      INTO parents, children FROM gone g;
+    -- Claims ended with their messages: for the held set at commit.
+    SELECT array_agg(g.msg_id) FILTER (WHERE g.has_dependents), array_agg(g.msg_id) FILTER (WHERE g.child),
+           pgqueue._held_end(array_agg(g.msg_id) FILTER (WHERE g.number IS NOT NULL),
+                             array_agg(g.number) FILTER (WHERE g.number IS NOT NULL))
+      INTO parents, children, in_flight FROM gone g;
     -- Children in other queues: their parents were deleted (on_parent_failure applies).
     IF parents IS NOT NULL OR children IS NOT NULL THEN
         PERFORM pgqueue._finish_dependencies(coalesce(parents, '{}'),

@@ -151,3 +151,11 @@ SELECT q.queue, q.paused, d.tracked, d.ready, d.delayed, d.claimed, d.dead, d.wa
 -- start and its waiting claims poll: raise pgqueue.max_queues). No row when the library is
 -- not preloaded.
 CREATE VIEW pgqueue.shared_state AS SELECT * FROM pgqueue._shared_state();
+
+-- This database's held set (src/held.rs): the messages claimed through the claim ledger, as
+-- shared memory knows them. Shadowed for now (the rows decide): exact, or the msg_ids it does
+-- not vouch for (unknown_from to unknown_to: after a restart, a prepared transaction, a set
+-- that filled); its size and capacity; takes that found it full; the worker's rebuilds from
+-- the ledger and those it refused; claims that found their message's last claim still listed
+-- (its end's commit not yet applied). No row when the library is not preloaded.
+CREATE VIEW pgqueue.held_set AS SELECT * FROM pgqueue._held_set();

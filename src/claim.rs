@@ -261,7 +261,7 @@ static CLAIM: Statement = Statement {
              FROM ledger l
             WHERE m.msg_id = ANY ($1)
            RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
-                     m.enqueued_at, m.lease_expires_at",
+                     m.enqueued_at, m.lease_expires_at, m.claims_ended + 1",
     args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
 };
 /// The same without the ledger (`pgqueue.claim_ledger` off, the default, or a database still
@@ -453,7 +453,7 @@ fn claim_picked(
     // The ledger is written where the setting asks for it and the SQL has it (0.22.0 on: 0.21.0 counted attempts).
     let ledger = crate::guc::CLAIM_LEDGER.get() && crate::statement::has_column(c"messages", c"claims_ended");
     let statement = if ledger { &CLAIM } else { &CLAIM_WITHOUT_LEDGER };
-    let rows = statement.run(&[
+    let args = [
         picked.to_vec().into_datum(),
         since.into_datum(),
         granted.into_datum(),
@@ -461,7 +461,18 @@ fn claim_picked(
         bound_pid.into_datum(),
         bound_start.into_datum(),
         queue.into_datum(),
-    ]);
+    ];
+    let rows = if ledger { crate::held::claiming(|| statement.run(&args)) } else { statement.run(&args) };
+    if ledger {
+        // The held set learns of the claim (shadowed: held.rs).
+        let taken: Vec<(i64, i32, i64)> = (0..rows.len())
+            .filter_map(|r| {
+                let lease = rows.get::<TimestampWithTimeZone>(r, 8)?;
+                Some((rows.get::<i64>(r, 1)?, rows.get::<i32>(r, 9)?, pg_sys::TimestampTz::from(lease)))
+            })
+            .collect();
+        crate::held::took(&taken);
+    }
     let mut claimed: Vec<Claimed> = (0..rows.len())
         .map(|r| {
             (

@@ -26,7 +26,7 @@ use std::ffi::CStr;
 /// Earlier releases' tables lack columns: `$progress`, `$dependents` and `$after` read the
 /// message's, and `$kept` and `$values` the history's extra columns, as the layout has them.
 macro_rules! to_history {
-    ($held:expr, $cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal) => {
+    ($held:expr, $cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal, $ended:literal) => {
         Statement {
             sql: match CStr::from_bytes_with_nul(
                 concat!(
@@ -44,7 +44,9 @@ macro_rules! to_history {
                     $dependents,
                     " AS has_dependents, ",
                     $after,
-                    " AS after,
+                    " AS after, ",
+                    $ended,
+                    " AS ended,
                          CASE WHEN ",
                     $cancelling,
                     " THEN 'cancelled' ELSE $3 END AS outcome,
@@ -76,7 +78,7 @@ macro_rules! to_history {
            ), noted AS (
                SELECT pgqueue._note(g.queue, count(*), g.state, g.outcome) FROM gone g GROUP BY g.queue, g.state, g.outcome
            )
-           SELECT g.msg_id, g.outcome, g.has_dependents, g.after IS NOT NULL
+           SELECT g.msg_id, g.outcome, g.has_dependents, g.after IS NOT NULL, g.ended
              FROM gone g WHERE (SELECT count(*) FROM noted) >= 0 ORDER BY g.msg_id\0"
                 )
                 .as_bytes(),
@@ -98,6 +100,9 @@ macro_rules! held_by_row {
 /// `$held`, the fence, as the release's SQL has it.
 macro_rules! to_history_since_0_17 {
     ($held:expr) => {
+        to_history_since_0_17!($held, "NULL::integer")
+    };
+    ($held:expr, $ended:literal) => {
         to_history!(
             $held,
             "m.cancel_requested_at IS NOT NULL",
@@ -105,13 +110,14 @@ macro_rules! to_history_since_0_17 {
             "m.has_dependents",
             "m.after",
             ", result, progress, after",
-            ", g.result, g.progress, g.after"
+            ", g.result, g.progress, g.after",
+            $ended
         )
     };
 }
 /// The fence: the message is held under the token; and (0.22.0 on) for a token the claim
 /// ledger issued, the ledger agrees, both ways (ledger.rs; the ledger row looked up in this
-/// statement's snapshot).
+/// statement's snapshot). Returns the number of each claim it ends (for the held set).
 static TO_HISTORY: Statement = to_history_since_0_17!(
     "CASE WHEN pgqueue._token_claim(u.token) IS NULL THEN m.claim_token = u.token AND m.state = 'claimed'
           ELSE pgqueue._ledger_agrees(u.token, m.msg_id, m.claims_ended + 1,
@@ -119,7 +125,8 @@ static TO_HISTORY: Statement = to_history_since_0_17!(
                                       (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                                       EXISTS (SELECT FROM pgqueue.claims c
                                                WHERE c.claim_id = pgqueue._token_claim(u.token)))
-     END"
+     END",
+    "CASE WHEN m.state = 'claimed' AND pgqueue._token_claim(m.claim_token) IS NOT NULL THEN m.claims_ended + 1 END"
 );
 /// The same for a database still running an earlier release's SQL (until ALTER EXTENSION
 /// UPDATE): 0.21.0's ledger counts attempts, and only vouches for what the row holds;
@@ -141,12 +148,21 @@ static TO_HISTORY_0_16: Statement = to_history!(
     "false",
     "NULL::bigint[]",
     ", result, progress",
-    ", g.result, g.progress"
+    ", g.result, g.progress",
+    "NULL::integer"
 );
-static TO_HISTORY_0_15: Statement =
-    to_history!(held_by_row!(), "m.cancel_requested_at IS NOT NULL", "NULL::jsonb", "false", "NULL::bigint[]", "", "");
+static TO_HISTORY_0_15: Statement = to_history!(
+    held_by_row!(),
+    "m.cancel_requested_at IS NOT NULL",
+    "NULL::jsonb",
+    "false",
+    "NULL::bigint[]",
+    "",
+    "",
+    "NULL::integer"
+);
 static TO_HISTORY_0_14: Statement =
-    to_history!(held_by_row!(), "false", "NULL::jsonb", "false", "NULL::bigint[]", "", "");
+    to_history!(held_by_row!(), "false", "NULL::jsonb", "false", "NULL::bigint[]", "", "", "NULL::integer");
 
 /// Which release's tables this database has, by the newest column each added: catalog cache
 /// lookups, no query, so that an ack costs the same.
@@ -214,6 +230,9 @@ pub fn move_rows(
         }
         if rows.get::<bool>(r, 4) == Some(true) {
             moved.children.push(id);
+        }
+        if let Some(number) = rows.get::<i32>(r, 5) {
+            crate::held::ended(id, number);
         }
     }
     outcome_wait::finished(&moved.ids);

@@ -49,7 +49,8 @@ pub type Owner = u32;
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct Slot {
-    /// 0: empty (msg_ids start at 1).
+    /// 0: empty. Sends number messages from 1; a redrive keeps the msg_id of the dead letter it
+    /// brings back, which may be anything but 0 (the caller holds a 0 without an entry).
     msg_id: i64,
     attempt: i32,
     /// The claim under way that took it; 0 once that claim committed.
@@ -89,7 +90,7 @@ impl<const N: usize> Default for InFlight<N> {
     fn default() -> Self {
         assert!(N.is_power_of_two());
         InFlight {
-            unknown: Some((1, i64::MAX)),
+            unknown: Some((i64::MIN, i64::MAX)),
             len: 0,
             slots: [Slot::default(); N],
             unrecorded: 0,
@@ -125,19 +126,56 @@ impl<const N: usize> InFlight<N> {
         self.len
     }
 
-    /// Shared memory lost (or the queue is new to it): nothing known until a rebuild.
+    /// The msg_ids (inclusive) the set does not vouch for; None when it is exact.
+    pub fn unknown(&self) -> Option<(i64, i64)> {
+        self.unknown
+    }
+
+    /// Its entries: (msg_id, attempt, owner; 0 once committed).
+    pub fn entries(&self) -> impl Iterator<Item = (i64, i32, Owner)> + '_ {
+        self.slots.iter().filter(|s| s.msg_id != 0).map(|s| (s.msg_id, s.attempt, s.owner))
+    }
+
+    /// Shared memory lost (or the queue is new to it): nothing known until a rebuild. In
+    /// place: a set is too large to build on the stack.
     pub fn restart(&mut self) {
-        let (overflows, refused, epoch) = (self.overflows, self.refused, self.epoch);
-        *self = InFlight::default();
-        self.overflows = overflows;
-        self.refused = refused;
-        self.epoch = epoch + 1;
+        self.slots.fill(Slot::default());
+        self.len = 0;
+        self.unknown = Some((i64::MIN, i64::MAX));
+        self.unrecorded = 0;
+        self.epoch += 1;
+        self.rebuilding = false;
+        self.spoiled = false;
+        self.nends = 0;
+    }
+
+    /// Everything forgotten while the server runs (the extension created again, claims
+    /// written around the API): as `restart`, but claims under way keep their counts, and a
+    /// rebuild under way cannot finish.
+    pub fn forget_all(&mut self) {
+        let (unrecorded, rebuilding) = (self.unrecorded, self.rebuilding);
+        self.restart();
+        self.unrecorded = unrecorded;
+        self.rebuilding = rebuilding;
+        self.spoiled = rebuilding;
+    }
+
+    /// Whatever the set says of `msg_id` may be wrong from now on (a claim or end of it was
+    /// prepared: it commits or rolls back elsewhere, later): it is dropped and asked about.
+    pub fn forget(&mut self, msg_id: i64) {
+        if let Some(i) = self.find(msg_id) {
+            self.remove_at(i);
+        }
+        self.widen(msg_id);
+        if self.rebuilding {
+            self.spoiled = true;
+        }
     }
 
     /// A claim (`owner`), holding `msg_id`'s row lock, asks for it; `attempt` is the next one
     /// by the locked row.
     pub fn take(&mut self, owner: Owner, msg_id: i64, attempt: i32, lease_end: i64) -> Take {
-        debug_assert!(owner != 0 && msg_id > 0);
+        debug_assert!(owner != 0 && msg_id != 0);
         if self.find(msg_id).is_some() {
             return Take::Skip;
         }
@@ -154,6 +192,14 @@ impl<const N: usize> InFlight<N> {
         if vouched { Take::Free } else { Take::Ask }
     }
 
+    /// A claim under way holds `msg_id` without an entry here (the set said `Skip` while the
+    /// rows, which decide for now, had it free): as a take that found no room, the set stops
+    /// vouching for it, and the claim must pass it to `commit` or `abort` among its unrecorded.
+    pub fn hold_unrecorded(&mut self, msg_id: i64) {
+        self.forget(msg_id);
+        self.unrecorded += 1;
+    }
+
     /// The claim `owner` did not get `msg_id` after all (the ledger holds it).
     pub fn untake(&mut self, owner: Owner, msg_id: i64) {
         if let Some(i) = self.find(msg_id).filter(|&i| self.slots[i].owner == owner) {
@@ -161,10 +207,13 @@ impl<const N: usize> InFlight<N> {
         }
     }
 
-    /// `owner` committed (its messages are visible as claimed in the ledger).
-    pub fn commit(&mut self, owner: Owner, unrecorded: u32) {
-        for s in self.slots.iter_mut().filter(|s| s.msg_id != 0 && s.owner == owner) {
-            s.owner = 0;
+    /// `owner` committed (its messages are visible as claimed in the ledger). `taken`: the
+    /// msg_ids it took (by the claim's own list, not a scan of every slot under the lock).
+    pub fn commit(&mut self, owner: Owner, taken: &[i64], unrecorded: u32) {
+        for &msg_id in taken {
+            if let Some(i) = self.find(msg_id).filter(|&i| self.slots[i].owner == owner) {
+                self.slots[i].owner = 0;
+            }
         }
         self.settle(unrecorded);
         if unrecorded > 0 && self.rebuilding {
@@ -173,24 +222,17 @@ impl<const N: usize> InFlight<N> {
         }
     }
 
-    /// `owner` rolled back: its messages are free again.
-    pub fn abort(&mut self, owner: Owner, unrecorded: u32) {
-        let mut i = 0;
-        while i < N {
-            let s = self.slots[i];
-            if s.msg_id != 0 && s.owner == owner {
-                // The slot is refilled by the shift: look at it again.
-                self.remove_at(i);
-            } else {
-                i += 1;
-            }
+    /// `owner` rolled back: the messages it took (`taken`) are free again.
+    pub fn abort(&mut self, owner: Owner, taken: &[i64], unrecorded: u32) {
+        for &msg_id in taken {
+            self.untake(owner, msg_id);
         }
         self.settle(unrecorded);
     }
 
     fn settle(&mut self, unrecorded: u32) {
-        debug_assert!(self.unrecorded >= unrecorded);
-        self.unrecorded -= unrecorded;
+        // Less after a restart, which forgot the claims under way.
+        self.unrecorded = self.unrecorded.saturating_sub(unrecorded);
     }
 
     /// The release or finish of `msg_id`'s `attempt` committed.
@@ -239,6 +281,15 @@ impl<const N: usize> InFlight<N> {
         self.spoiled = false;
         self.nends = 0;
         Some(self.epoch)
+    }
+
+    /// The rebuild `epoch` gave up before reading (it found a prepared transaction, which
+    /// may hold claims no snapshot shows).
+    pub fn abandon_rebuild(&mut self, epoch: u64) {
+        if self.rebuilding && epoch == self.epoch {
+            self.rebuilding = false;
+            self.refused += 1;
+        }
     }
 
     /// The tick read `live` (committed claims not ended, as its snapshot saw them): adds them

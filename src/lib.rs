@@ -21,6 +21,7 @@ mod dispatch;
 mod drop_database;
 mod finish;
 mod guc;
+mod held;
 mod in_flight;
 mod ledger;
 mod legacy;
@@ -40,7 +41,7 @@ mod tick_counts;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.22.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.23.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -49,6 +50,7 @@ pub extern "C-unwind" fn _PG_init() {
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     guc::init(preloading);
     pending::init();
+    held::init();
     partition_files::init();
     let binary_upgrade = unsafe { pg_sys::IsBinaryUpgrade };
     // Loaded into a single session (no preload): the SQL API works, but a worker can only
@@ -107,7 +109,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.22.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.23.0".into())));
     }
 
     /// `\df+`, `\dv+` and `\dt+` describe every public function, every view and every table

@@ -161,6 +161,7 @@ fn size() -> usize {
         + committing_size().next_multiple_of(16)
         + crate::outcome_wait::size().next_multiple_of(16)
         + crate::dependencies::size().next_multiple_of(16)
+        + crate::held::size().next_multiple_of(16)
 }
 
 fn slots() -> usize {
@@ -181,6 +182,7 @@ unsafe extern "C-unwind" fn request() {
         }
         pg_sys::RequestAddinShmemSpace(size());
         pg_sys::RequestNamedLWLockTranche(c"pgqueue".as_ptr(), 1);
+        crate::held::request();
     }
 }
 
@@ -222,6 +224,7 @@ unsafe extern "C-unwind" fn startup() {
         COMMITTING = committing as *mut AtomicU32;
         crate::outcome_wait::startup();
         crate::dependencies::startup();
+        crate::held::startup();
         HEADER = header;
         pg_sys::LWLockRelease(init_lock);
     }

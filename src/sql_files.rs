@@ -8,7 +8,11 @@ pgrx::extension_sql_file!("../sql/errors.sql", name = "errors", requires = ["sch
 pgrx::extension_sql_file!("../sql/queues.sql", name = "queues", requires = ["errors"]);
 pgrx::extension_sql_file!("../sql/send.sql", name = "send", requires = ["queues"]);
 pgrx::extension_sql_file!("../sql/dependencies.sql", name = "dependencies", requires = ["send"]);
-pgrx::extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["dependencies"]);
+pgrx::extension_sql_file!(
+    "../sql/claim.sql",
+    name = "claim",
+    requires = ["dependencies", held::_claims_written, held::_held_forget]
+);
 pgrx::extension_sql_file!("../sql/finish.sql", name = "finish", requires = ["claim"]);
 pgrx::extension_sql_file!("../sql/park.sql", name = "park", requires = ["finish"]);
 pgrx::extension_sql_file!("../sql/schedule.sql", name = "schedule", requires = ["park"]);
@@ -17,8 +21,14 @@ pgrx::extension_sql_file!("../sql/audit.sql", name = "audit", requires = ["maint
 pgrx::extension_sql_file!(
     "../sql/stats.sql",
     name = "stats",
-    requires =
-        ["audit", reconcile::_queue_depth, reconcile::_dead_letters, queue_state::_shared_state, schedule::_local_time]
+    requires = [
+        "audit",
+        reconcile::_queue_depth,
+        reconcile::_dead_letters,
+        queue_state::_shared_state,
+        held::_held_set,
+        schedule::_local_time
+    ]
 );
 pgrx::extension_sql_file!(
     "../sql/comments.sql",

@@ -21,6 +21,15 @@ pub fn has_column(table: &CStr, column: &CStr) -> bool {
     }
 }
 
+/// Whether the extension's schema has a table or view `name` (a catalog cache lookup).
+pub fn has_relation(name: &CStr) -> bool {
+    // SAFETY: catalog cache lookups of NUL-terminated names, inside a transaction.
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"pgqueue".as_ptr(), true);
+        pg_sys::get_relname_relid(name.as_ptr(), schema) != pg_sys::InvalidOid
+    }
+}
+
 /// A statement and its argument types; a `static`, whose address names its kept plan.
 pub struct Statement {
     pub sql: &'static CStr,

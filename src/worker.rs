@@ -59,6 +59,7 @@ pub extern "C-unwind" fn pgqueue_launcher_main(_arg: pg_sys::Datum) {
         // databases seen before and gone now: one created since this scan began is not gone.
         let gone: Vec<u32> = seen.iter().filter(|oid| !all.iter().any(|(o, _)| o == *oid)).copied().collect();
         crate::queue_state::forget_databases(&gone);
+        crate::held::forget_databases(&gone);
         seen = all.iter().map(|(oid, _)| *oid).collect();
         let wanted: Vec<(u32, String)> = all.into_iter().filter(|(_, name)| guc::database_wanted(name)).collect();
         // Forget workers that have exited; stop those whose database is no longer wanted,

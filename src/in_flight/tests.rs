@@ -233,16 +233,18 @@ impl World {
                 }
                 let k = visible[pick % visible.len()];
                 let (owner, unrecorded) = (self.claims[k].owner, self.claims[k].unrecorded);
-                self.set.commit(owner, unrecorded);
+                let taken: Vec<i64> = self.claims[k].got.iter().map(|&(id, _)| id).collect();
+                self.set.commit(owner, &taken, unrecorded);
                 self.claims[k].phase = Phase::Done;
             }
             Op::Abort { pick } => {
                 let Some(k) = self.open(pick) else { return };
                 let (owner, unrecorded) = (self.claims[k].owner, self.claims[k].unrecorded);
+                let taken: Vec<i64> = self.claims[k].got.iter().map(|&(id, _)| id).collect();
                 let c = &mut self.claims[k];
                 c.phase = Phase::Aborted;
                 c.locks.clear();
-                self.set.abort(owner, unrecorded);
+                self.set.abort(owner, &taken, unrecorded);
             }
             Op::End { msg, ack } => {
                 // Only the holder of a committed claim ends it (its token is checked against
@@ -408,12 +410,12 @@ fn a_late_end_removes_only_its_own_attempt() {
     let mut set = Box::<InFlight<SLOTS>>::default();
     set.restart();
     assert_eq!(set.take(1, 7, 1, 0), Take::Ask);
-    set.commit(1, 0);
+    set.commit(1, &[7], 0);
     // Released (attempt 1 ended); its callback has not run, so attempt 2 is skipped for now.
     assert_eq!(set.take(2, 7, 2, 0), Take::Skip);
     set.end(7, 1);
     assert_eq!(set.take(2, 7, 2, 0), Take::Ask);
-    set.commit(2, 0);
+    set.commit(2, &[7], 0);
     set.end(7, 1);
     assert_eq!(set.len(), 1, "attempt 2 is still held");
 }
@@ -430,12 +432,12 @@ fn a_full_set_stops_vouching_only_for_what_it_could_not_keep() {
         assert_eq!(set.take(1, id, 1, 0), Take::Free);
     }
     assert_eq!(set.take(1, 5, 1, 0), Take::AskUnrecorded, "full at half its slots");
-    set.commit(1, 1);
+    set.commit(1, &[1, 2, 3, 4], 1);
     set.end(2, 1);
     set.end(3, 1);
     assert_eq!(set.take(2, 7, 1, 0), Take::Free, "a newer message: nobody holds it");
     assert_eq!(set.take(2, 5, 2, 0), Take::Ask, "the one it had no room for");
-    set.abort(2, 0);
+    set.abort(2, &[7, 5], 0);
     assert!((1..=8).filter(|&id| !set.vouches_for(id)).eq([5]));
     // A rebuild that reads more live claims than fit.
     set.restart();
@@ -456,7 +458,7 @@ fn deletion_keeps_every_probe_run_reachable() {
     for &id in &ids {
         assert_eq!(set.take(1, id, 1, id), Take::Ask);
     }
-    set.commit(1, 0);
+    set.commit(1, &ids, 0);
     for (n, &id) in ids.iter().enumerate() {
         set.end(id, 1);
         for &later in &ids[n + 1..] {
@@ -474,7 +476,7 @@ fn leases_end_by_renewal() {
     set.take(1, 1, 1, 100);
     set.take(1, 2, 1, 100);
     assert_eq!(set.expired(200), vec![], "a claim under way has no lease to end");
-    set.commit(1, 0);
+    set.commit(1, &[1, 2], 0);
     set.renew(2, 1, 300);
     set.renew(1, 2, 300); // another attempt: not this one's
     assert_eq!(set.expired(200), vec![(1, 1)]);

@@ -221,3 +221,52 @@ pub fn ledger_disagreements(c: &mut impl GenericClient, queues: &[&str]) -> Vec<
     .map(|r| r.get(0))
     .collect()
 }
+/// Where this database's held set (src/held.rs, shadowed) and the rows of `queues` disagree,
+/// wherever the set vouches: a claim of the ledger's tokens the set does not list as
+/// committed ("missing"), or a committed entry of one of their messages (waiting or in
+/// history) that is not the row's current claim ("stale"). Empty without shared memory. Only
+/// meaningful while no claim or end of these queues is under way.
+pub fn held_disagreements(c: &mut impl GenericClient, queues: &[&str]) -> Vec<String> {
+    c.query(
+        "WITH s AS (SELECT * FROM pgqueue.held_set),
+              truth AS (SELECT m.msg_id, m.claims_ended + 1 AS number FROM pgqueue.messages m
+                         WHERE m.queue = ANY ($1) AND m.state = 'claimed'
+                           AND pgqueue._token_claim(m.claim_token) IS NOT NULL),
+              listed AS (SELECT e.msg_id, e.claim_number AS number FROM pgqueue._held_entries() e WHERE e.committed)
+         SELECT 'missing ' || t.msg_id || '/' || t.number FROM truth t, s
+          WHERE (s.exact OR t.msg_id NOT BETWEEN s.unknown_from AND s.unknown_to)
+            AND NOT EXISTS (SELECT FROM listed l WHERE l.msg_id = t.msg_id AND l.number = t.number)
+         UNION ALL
+         SELECT 'stale ' || l.msg_id || '/' || l.number FROM listed l
+          WHERE (EXISTS (SELECT FROM pgqueue.messages m WHERE m.msg_id = l.msg_id AND m.queue = ANY ($1))
+                 OR EXISTS (SELECT FROM pgqueue.history h WHERE h.msg_id = l.msg_id AND h.queue = ANY ($1)))
+            AND NOT EXISTS (SELECT FROM truth t WHERE t.msg_id = l.msg_id AND t.number = l.number)
+         ORDER BY 1",
+        &[&queues],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// This database's held set: (exact, entries, rebuilds, rebuilds refused, passed over); None
+/// without shared memory.
+pub fn held_set(c: &mut impl GenericClient) -> Option<(bool, i64, i64, i64, i64)> {
+    c.query_opt("SELECT exact, held, rebuilds, rebuilds_refused, passed_over FROM pgqueue.held_set", &[])
+        .unwrap()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+}
+
+/// The held set's committed claim numbers of `msg_ids`, in their order (0: not listed).
+pub fn held_numbers(c: &mut impl GenericClient, msg_ids: &[i64]) -> Vec<i32> {
+    c.query(
+        "SELECT coalesce(e.claim_number, 0) FROM unnest($1::bigint[]) WITH ORDINALITY AS i(msg_id, n)
+           LEFT JOIN pgqueue._held_entries() e ON e.msg_id = i.msg_id AND e.committed ORDER BY i.n",
+        &[&msg_ids],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}

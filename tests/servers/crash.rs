@@ -8,7 +8,10 @@
 use crate::common;
 
 use common::server::Server;
-use common::{Claimed, Client, ack, claim, claim_one, ledger_disagreements, message, send_many, wait_for};
+use common::{
+    Claimed, Client, ack, claim, claim_one, held_disagreements, held_numbers, held_set, ledger_disagreements, message,
+    send_many, wait_for,
+};
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -78,6 +81,11 @@ fn claims_survive_an_immediate_shutdown_with_their_tokens_attempts_and_leases() 
     back.extend(claim(&mut c, "crash", 10, None));
     back.sort_by_key(|m| m.id);
     assert_eq!(back.iter().map(|m| (m.id, m.attempt)).collect::<Vec<_>>(), [(short.id, 2), (bound.id, 2), (ids[4], 1)]);
+    // Shared memory was lost with the crash: the first claim after it gave the database a new
+    // held set, which the worker rebuilt from the ledger, the claims from before included.
+    wait_for("the held set rebuilt after the crash", LIMIT, || held_set(&mut c).filter(|s| s.0));
+    assert_eq!(held_numbers(&mut c, &[long[0].id, long[1].id, short.id, bound.id, ids[4]]), [1, 1, 2, 2, 1]);
+    assert!(held_disagreements(&mut c, &["crash"]).is_empty());
     // Their old tokens are refused; the live ones are not.
     assert!(!ack(&mut c, &short), "a stale token after the crash is refused");
     assert!(!ack(&mut c, &bound));
@@ -112,6 +120,11 @@ fn prepared_claims_nacks_and_acks_are_neither_handed_out_twice_nor_lost() {
     assert_eq!(others.iter().map(|m| m.id).collect::<Vec<_>>(), ids[1..]);
     let_ticks_pass(&mut c, 3);
     assert!(claim(&mut c, "prepared", 10, None).is_empty());
+    // The held set forgot the prepared claim, and is not rebuilt while it is prepared (no
+    // snapshot shows its ledger row yet).
+    let s = held_set(&mut c).expect("preloaded");
+    assert!(!s.0 && s.3 > 0, "not exact, rebuilds refused: {s:?}");
+    assert_eq!(held_numbers(&mut c, &[held.id]), [0]);
     drop((c, p));
     server.restart();
     let mut c = server.connect("postgres");
@@ -135,6 +148,11 @@ fn prepared_claims_nacks_and_acks_are_neither_handed_out_twice_nor_lost() {
     let again = wait_for("the nacked message claimable", LIMIT, || claim(&mut c, "prepared", 10, None).pop());
     assert_eq!((again.id, again.attempt), (others[0].id, 2));
     assert!(!ack(&mut c, &others[0]), "the nacked attempt's token is stale");
+    // The first claim since the restart gave the database a new held set; rebuilt from the
+    // ledger once nothing is prepared, with the claim from before the restart.
+    wait_for("the held set rebuilt", LIMIT, || held_set(&mut c).filter(|s| s.0));
+    assert_eq!(held_numbers(&mut c, &[others[1].id, again.id]), [1, 2]);
+    assert!(held_disagreements(&mut c, &["prepared"]).is_empty());
 
     // A prepared claim rolled back: the message comes back with its attempt not counted.
     assert!(ack(&mut c, &again));
@@ -164,4 +182,6 @@ fn prepared_claims_nacks_and_acks_are_neither_handed_out_twice_nor_lost() {
         .unwrap()
         .get(0);
     assert_eq!(completed, 4, "each message completed once");
+    wait_for("the held set rebuilt", LIMIT, || held_set(&mut c).filter(|s| s.0));
+    assert!(held_disagreements(&mut c, &["prepared"]).is_empty());
 }

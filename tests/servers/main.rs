@@ -9,5 +9,6 @@ mod common;
 
 mod backup;
 mod crash;
+mod held;
 mod standby;
 mod upgrade;

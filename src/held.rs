@@ -1,0 +1,426 @@
+//! The held set (`in_flight.rs`) in shared memory, one per database: which messages are
+//! claimed through the claim ledger. Step 3b of the write path (docs/design/write-path.md)
+//! will let claims stop writing the message row and ask this set instead; until then it is
+//! **shadowed**: claims that write the ledger take their messages here, the ends of those
+//! claims (ack, fail, nack, park, re-arm, a dropped queue) end them at commit, the tick
+//! rebuilds it from the ledger, and nothing decides by it. The test kit checks it against the
+//! rows, which still decide, wherever it says it is exact (`held_disagreements`).
+//!
+//! Per transaction this keeps what it took and ended, applied at commit, undone at rollback
+//! (a savepoint's at once). A prepared transaction commits elsewhere, later: the set forgets
+//! its messages (they are asked about until a rebuild), and the tick does not rebuild while a
+//! transaction of the database is prepared. Without preloading, or with every set in use by
+//! other databases, nothing is kept and nothing is lost.
+
+use crate::in_flight::{InFlight, Owner, Take};
+use crate::statement::Statement;
+use pgrx::heap_tuple::PgHeapTupleError;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::{AllocatedByPostgres, WhoAllocated};
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::ptr::null_mut;
+
+/// Databases with a set of their own, and each set's slots (it keeps half as many claims).
+const SETS: usize = 8;
+const SLOTS: usize = 16_384;
+
+#[repr(C)]
+struct Shared {
+    /// 0: free.
+    db: u32,
+    /// Claims that found their message still in the set (an end or rollback whose callback
+    /// had not run yet): the set forgot it.
+    passed_over: u64,
+    rebuilds: u64,
+    set: InFlight<SLOTS>,
+}
+
+#[repr(C)]
+struct Header {
+    lock: *mut pg_sys::LWLock,
+    sets: [Shared; SETS],
+}
+
+static mut HEADER: *mut Header = null_mut();
+
+/// The shared memory this needs (`queue_state` asks for it with its own).
+pub fn size() -> usize {
+    size_of::<Header>()
+}
+
+/// Attaches (and at first initialises) the sets; `queue_state::startup` calls this under
+/// AddinShmemInitLock.
+///
+/// # Safety
+/// Only from the shared memory startup hook.
+pub unsafe fn startup() {
+    let mut found = false;
+    // SAFETY: the caller holds AddinShmemInitLock; the struct is sized by size(). Zeroed, then
+    // each set restarted in place (too large for the stack).
+    unsafe {
+        let header = pg_sys::ShmemInitStruct(c"pgqueue held sets".as_ptr(), size(), &mut found) as *mut Header;
+        if !found {
+            std::ptr::write_bytes(header as *mut u8, 0, size());
+            (*header).lock = &raw mut (*pg_sys::GetNamedLWLockTranche(c"pgqueue held".as_ptr())).lock;
+            for shared in (*header).sets.iter_mut() {
+                shared.set.restart();
+            }
+        }
+        HEADER = header;
+    }
+}
+
+/// Asks for the lock (from `queue_state`'s request hook).
+///
+/// # Safety
+/// Only from the shared memory request hook.
+pub unsafe fn request() {
+    // SAFETY: the postmaster's request phase.
+    unsafe { pg_sys::RequestNamedLWLockTranche(c"pgqueue held".as_ptr(), 1) };
+}
+
+/// Runs `f` on this database's set under the lock; None without one. A claim (`take`) takes
+/// a free set for a database that has none (it starts knowing nothing): a database that never
+/// claims through the ledger uses none. `f` must not raise an error.
+fn with_set<R>(take: bool, f: impl FnOnce(&mut Shared) -> R) -> Option<R> {
+    // SAFETY: HEADER is set once at startup; the lock is released on every path below, and
+    // nothing between raises an error.
+    unsafe {
+        if HEADER.is_null() {
+            return None;
+        }
+        let db = pg_sys::MyDatabaseId.to_u32();
+        pg_sys::LWLockAcquire((*HEADER).lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let sets = &mut (*HEADER).sets;
+        let i = match sets.iter().position(|s| s.db == db) {
+            Some(i) => Some(i),
+            None if !take => None,
+            None => sets.iter().position(|s| s.db == 0).inspect(|&i| {
+                sets[i].db = db;
+                sets[i].passed_over = 0;
+                sets[i].rebuilds = 0;
+                sets[i].set.restart();
+            }),
+        };
+        let result = i.map(|i| f(&mut sets[i]));
+        pg_sys::LWLockRelease((*HEADER).lock);
+        result
+    }
+}
+
+/// Frees the sets of databases that were dropped (run by the launcher).
+pub fn forget_databases(dropped: &[u32]) {
+    // SAFETY: as in with_set.
+    unsafe {
+        if HEADER.is_null() || dropped.is_empty() {
+            return;
+        }
+        pg_sys::LWLockAcquire((*HEADER).lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        for s in (*HEADER).sets.iter_mut().filter(|s| dropped.contains(&s.db)) {
+            s.db = 0;
+        }
+        pg_sys::LWLockRelease((*HEADER).lock);
+    }
+}
+
+/// This process's owner number while a claim of its transaction is under way.
+fn owner() -> Owner {
+    // SAFETY: MyProc is this process's for its life (a backend claims; never the postmaster).
+    unsafe { pg_sys::MyProc.offset_from((*pg_sys::ProcGlobal).allProcs) as Owner + 1 }
+}
+
+fn level() -> i32 {
+    // SAFETY: a plain read of the transaction state.
+    unsafe { pg_sys::GetCurrentTransactionNestLevel() }
+}
+
+/// What this transaction did to its database's set, applied when it ends.
+#[derive(Default)]
+struct Tx {
+    /// Messages it took (and the nesting level it took them at).
+    taken: Vec<(i64, i32)>,
+    /// Takes that found no room (the set stops vouching for them).
+    unrecorded: u32,
+    /// Claims it ended: (msg_id, claim number, level).
+    ends: Vec<(i64, i32, i32)>,
+    /// Claim ledger rows were written around the API: forget everything at commit.
+    forget_all: bool,
+}
+
+thread_local! {
+    static TX: RefCell<Tx> = RefCell::new(Tx::default());
+    /// The API's claim statement is writing the ledger (not a restore's `COPY`).
+    static CLAIMING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Registers the transaction callbacks for this process.
+pub fn init() {
+    // SAFETY: permanent callbacks; they run in this process only.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(on_xact), null_mut());
+        pg_sys::RegisterSubXactCallback(Some(on_subxact), null_mut());
+    }
+}
+
+/// Whether this database's SQL notes every end (0.23.0 on, which shows the set in
+/// `pgqueue.held_set`): before that, takes would stay.
+fn in_use() -> bool {
+    // SAFETY: a plain read of a pointer set at startup.
+    !unsafe { HEADER.is_null() } && crate::statement::has_relation(c"held_set")
+}
+
+/// A claim through the ledger took these messages (msg_id, claim number, lease end), holding
+/// their rows. The rows decide for now: a message the set still lists (its last end or
+/// rollback committed, its callback not yet run) is held without an entry, as a take that
+/// found no room is, so that the set never vouches against a claim it does not list.
+pub fn took(claimed: &[(i64, i32, i64)]) {
+    if claimed.is_empty() || !in_use() {
+        return;
+    }
+    let (owner, level) = (owner(), level());
+    TX.with_borrow_mut(|tx| {
+        with_set(true, |shared| {
+            for &(msg_id, number, lease_end) in claimed {
+                if msg_id == 0 {
+                    // The one id a slot cannot hold (a redriven dead letter made by hand).
+                    shared.set.hold_unrecorded(msg_id);
+                    tx.unrecorded += 1;
+                    continue;
+                }
+                match shared.set.take(owner, msg_id, number, lease_end) {
+                    Take::Free | Take::Ask => tx.taken.push((msg_id, level)),
+                    Take::AskUnrecorded => tx.unrecorded += 1,
+                    Take::Skip => {
+                        shared.passed_over += 1;
+                        shared.set.hold_unrecorded(msg_id);
+                        tx.unrecorded += 1;
+                    }
+                }
+            }
+        });
+    });
+}
+
+/// The claim `number` of `msg_id` ended in this transaction (applied at commit).
+pub fn ended(msg_id: i64, number: i32) {
+    if !in_use() {
+        return;
+    }
+    let level = level();
+    TX.with_borrow_mut(|tx| tx.ends.push((msg_id, number, level)));
+}
+
+/// Runs the API's claim statement: ledger rows it writes are known to the set.
+pub fn claiming<R>(f: impl FnOnce() -> R) -> R {
+    CLAIMING.set(true);
+    let result = f();
+    CLAIMING.set(false);
+    result
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
+    use pg_sys::XactEvent::*;
+    if !matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE) {
+        return;
+    }
+    CLAIMING.set(false);
+    let tx = TX.with_borrow_mut(std::mem::take);
+    if tx.taken.is_empty() && tx.ends.is_empty() && tx.unrecorded == 0 && !tx.forget_all {
+        return;
+    }
+    let owner = owner();
+    let taken: Vec<i64> = tx.taken.iter().map(|&(id, _)| id).collect();
+    with_set(false, |shared| match event {
+        XACT_EVENT_COMMIT => {
+            shared.set.commit(owner, &taken, tx.unrecorded);
+            for &(msg_id, number, _) in &tx.ends {
+                shared.set.end(msg_id, number);
+            }
+            if tx.forget_all {
+                shared.set.forget_all();
+            }
+        }
+        XACT_EVENT_ABORT => shared.set.abort(owner, &taken, tx.unrecorded),
+        _ => {
+            // Prepared: its claims and ends commit (or not) elsewhere, later.
+            for &msg_id in taken.iter().chain(tx.ends.iter().map(|(id, ..)| id)) {
+                shared.set.forget(msg_id);
+            }
+            shared.set.abort(owner, &[], tx.unrecorded);
+            if tx.forget_all {
+                shared.set.forget_all();
+            }
+        }
+    });
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_subxact(
+    event: pg_sys::SubXactEvent::Type,
+    _sub: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut c_void,
+) {
+    let level = level();
+    match event {
+        pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => TX.with_borrow_mut(|tx| {
+            for (_, l) in tx.taken.iter_mut().filter(|(_, l)| *l >= level) {
+                *l = level - 1;
+            }
+            for (.., l) in tx.ends.iter_mut().filter(|(.., l)| *l >= level) {
+                *l = level - 1;
+            }
+        }),
+        pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => {
+            CLAIMING.set(false);
+            let undone: Vec<i64> = TX.with_borrow_mut(|tx| {
+                tx.ends.retain(|&(.., l)| l < level);
+                let undone = tx.taken.iter().filter(|&&(_, l)| l >= level).map(|&(id, _)| id).collect();
+                tx.taken.retain(|&(_, l)| l < level);
+                undone
+            });
+            if !undone.is_empty() {
+                // Those rows are claimable again now.
+                let owner = owner();
+                with_set(false, |shared| {
+                    for &msg_id in &undone {
+                        shared.set.untake(owner, msg_id);
+                    }
+                });
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Whether a rebuild must give up: a snapshot older than the rebuild (not READ COMMITTED), or
+/// a prepared transaction of this database, whose claims are in no snapshot yet.
+static BLOCKED: Statement = Statement {
+    sql: c"SELECT pg_catalog.current_setting('transaction_isolation') <> 'read committed'
+               OR EXISTS (SELECT FROM pg_catalog.pg_prepared_xacts p WHERE p.database = pg_catalog.current_database())",
+    args: &[],
+};
+/// The live claims by the ledger (an entry whose message's claims_ended is below its number),
+/// with their leases, read with the rows they name in one snapshot.
+static LIVE: Statement = Statement {
+    sql: c"SELECT e.msg_id, e.number, m.lease_expires_at
+             FROM pgqueue.claims c CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
+             JOIN pgqueue.message_rows m ON m.msg_id = e.msg_id
+            WHERE m.claims_ended < e.number",
+    args: &[],
+};
+
+/// The tick's step: makes the set exact again from the claim ledger where it is not (after a
+/// restart, a prepared transaction, a set that filled up). Gives up while a transaction of
+/// this database is prepared (its claims are in no snapshot yet) and in a transaction whose
+/// snapshot is older than the rebuild (not READ COMMITTED). Returns whether it rebuilt.
+pub fn rebuild() -> bool {
+    if !in_use() {
+        return false;
+    }
+    let Some(Some(epoch)) = with_set(false, |shared| shared.set.begin_rebuild()) else { return false };
+    // Read after begin_rebuild, each in a snapshot of its own (Statement::run takes a new
+    // one): a claim that commits later took its messages here first; one prepared later
+    // makes the rebuild fail (forget). An error leaves it unfinished (the set not exact).
+    let Some(live) = Spi::connect_mut(|_| {
+        let rows = BLOCKED.run(&[]);
+        if rows.len() != 1 || rows.get::<bool>(0, 1) != Some(false) {
+            return None;
+        }
+        let rows = LIVE.run(&[]);
+        let live: Vec<(i64, i32, i64)> = (0..rows.len())
+            .filter_map(|r| {
+                let lease = rows.get::<TimestampWithTimeZone>(r, 3).map(pg_sys::TimestampTz::from);
+                Some((rows.get::<i64>(r, 1)?, rows.get::<i32>(r, 2)?, lease.unwrap_or(i64::MAX)))
+            })
+            .collect();
+        Some(live)
+    }) else {
+        with_set(false, |shared| shared.set.abandon_rebuild(epoch));
+        return false;
+    };
+    with_set(false, |shared| {
+        shared.rebuilds += 1;
+        shared.set.finish_rebuild(epoch, &live)
+    })
+    .unwrap_or(false)
+}
+
+/// `pgqueue._held_end`: the claims (msg_id, claim number) this statement ended (nack, park,
+/// re-arm, a dropped queue); applied to the held set at commit. Returns how many.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _held_end(msg_ids: Option<Vec<Option<i64>>>, numbers: Option<Vec<Option<i32>>>) -> i32 {
+    let (ids, numbers) = (msg_ids.unwrap_or_default(), numbers.unwrap_or_default());
+    let mut n = 0;
+    for (id, number) in ids.into_iter().zip(numbers) {
+        if let (Some(id), Some(number)) = (id, number) {
+            ended(id, number);
+            n += 1;
+        }
+    }
+    n
+}
+
+/// `pgqueue._held_forget`: this database's held set forgets everything at commit (the
+/// extension was created: a set left by an earlier one must not vouch for the new ids).
+#[pg_extern(volatile, parallel_unsafe)]
+fn _held_forget() {
+    TX.with_borrow_mut(|tx| tx.forget_all = true);
+}
+
+/// The statement trigger on `pgqueue.claims`: ledger rows inserted other than by a claim
+/// (a restore's `COPY`, an operator) make the set forget everything at commit.
+#[pg_trigger]
+fn _claims_written<'a>(
+    _trigger: &'a PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, impl WhoAllocated>>, PgHeapTupleError> {
+    if !CLAIMING.get() {
+        TX.with_borrow_mut(|tx| tx.forget_all = true);
+    }
+    Ok(None::<PgHeapTuple<'a, AllocatedByPostgres>>)
+}
+
+/// `pgqueue.held_set`: this database's set; no row without shared memory (or without a set
+/// of its own: all taken by other databases).
+#[pg_extern(volatile, parallel_unsafe)]
+fn _held_set() -> TableIterator<
+    'static,
+    (
+        name!(exact, bool),
+        name!(held, i64),
+        name!(capacity, i64),
+        name!(unknown_from, Option<i64>),
+        name!(unknown_to, Option<i64>),
+        name!(overflows, i64),
+        name!(rebuilds, i64),
+        name!(rebuilds_refused, i64),
+        name!(passed_over, i64),
+    ),
+> {
+    let row = with_set(false, |s| {
+        let unknown = s.set.unknown();
+        (
+            unknown.is_none(),
+            s.set.len() as i64,
+            InFlight::<SLOTS>::CAPACITY as i64,
+            unknown.map(|u| u.0),
+            unknown.map(|u| u.1),
+            s.set.overflows as i64,
+            s.rebuilds as i64,
+            s.set.refused as i64,
+            s.passed_over as i64,
+        )
+    });
+    TableIterator::new(row)
+}
+
+/// `pgqueue._held_entries`: the set's entries (for the test kit's check against the rows).
+#[pg_extern(volatile, parallel_unsafe)]
+fn _held_entries() -> TableIterator<'static, (name!(msg_id, i64), name!(claim_number, i32), name!(committed, bool))> {
+    let entries = with_set(false, |s| s.set.entries().map(|(id, n, owner)| (id, n, owner == 0)).collect::<Vec<_>>());
+    TableIterator::new(entries.unwrap_or_default())
+}

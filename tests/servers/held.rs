@@ -1,0 +1,151 @@
+//! The held set (src/held.rs): the claims of the claim ledger as shared memory knows them, one
+//! set per database, shadowed in 0.23.0 (the rows decide; step 3b of the write path will ask
+//! the set instead of writing the row). On servers of their own, with the ledger on and a
+//! worker that rebuilds the set every tick: the set must list exactly the claims the rows
+//! hold wherever it says it vouches, through claims, every kind of end, rollbacks,
+//! savepoints, a claim ended in its own transaction, the extension created again, and
+//! ledger rows written around the API. (Crashes and prepared transactions: crash.rs.)
+
+use crate::common;
+
+use common::server::Server;
+use common::{Client, ack, claim, claim_one, held_disagreements, held_numbers, held_set, send_many, wait_for};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(30);
+const CONF: &[&str] = &["pgqueue.tick_interval = '100ms'", "pgqueue.claim_ledger = on"];
+
+/// Waits until the worker has made the set exact (it knows nothing at first).
+fn exact(c: &mut Client) -> (bool, i64, i64, i64, i64) {
+    wait_for("the held set to be exact", LIMIT, || held_set(c).filter(|s| s.0))
+}
+
+fn agrees(c: &mut Client, q: &str) {
+    assert_eq!(held_disagreements(c, &[q]), Vec::<String>::new());
+}
+
+#[test]
+fn the_held_set_lists_the_claims_the_rows_hold_through_every_end() {
+    let _turn = common::file_turn(file!());
+    let server = Server::with_pgqueue(CONF);
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('held', lease => '1 hour')").unwrap();
+    let ids = send_many(&mut c, "held", 8, "0");
+    // A database's first claim through the ledger gives it a set, knowing nothing until the
+    // worker rebuilds it from the ledger.
+    let claimed = claim(&mut c, "held", 6, None);
+    exact(&mut c);
+    assert_eq!(held_numbers(&mut c, &ids), [1, 1, 1, 1, 1, 1, 0, 0], "each at claim number 1");
+    agrees(&mut c, "held");
+    // Each way a claim ends: ack, fail, nack, park, re-arm (a lease that ended), and
+    // pgq_ack_claim, whose claim takes the next message in the same call.
+    assert!(ack(&mut c, &claimed[0]));
+    let ended = |c: &mut Client, sql: &str, m: &common::Claimed| -> bool {
+        c.query_one(sql, &[&m.id, &m.token]).unwrap().get(0)
+    };
+    assert!(ended(&mut c, "SELECT pgqueue.pgq_fail($1::bigint, $2::uuid, 'no')", &claimed[1]));
+    assert!(ended(&mut c, "SELECT pgqueue.pgq_nack($1::bigint, $2::uuid, retry_in => '1 hour')", &claimed[2]));
+    assert!(ended(&mut c, "SELECT pgqueue.pgq_park($1::bigint, $2::uuid, 'k', '1 hour')", &claimed[3]));
+    c.batch_execute(&format!(
+        "UPDATE pgqueue.message_rows SET lease_expires_at = now() - interval '1 s' WHERE msg_id = {}",
+        claimed[4].id
+    ))
+    .unwrap();
+    let rearmed: i64 = c.query_one("SELECT rearmed FROM pgqueue.pgq_rearm()", &[]).unwrap().get(0);
+    assert_eq!(rearmed, 1);
+    let next: Vec<(i64, i32)> = c
+        .query(
+            "SELECT msg_id, attempt FROM pgqueue.pgq_ack_claim('held', ARRAY[$1::bigint], ARRAY[$2::uuid], qty => 1)",
+            &[&claimed[5].id, &claimed[5].token],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(next, [(claimed[4].id, 2)], "the re-armed message, first in line");
+    // Held now: the re-armed message under its second claim; nothing else.
+    assert_eq!(held_numbers(&mut c, &ids), [0, 0, 0, 0, 2, 0, 0, 0]);
+    agrees(&mut c, "held");
+    // A dropped queue ends its claims.
+    claim(&mut c, "held", 2, None);
+    assert_eq!(held_set(&mut c).unwrap().1, 3);
+    c.batch_execute("SELECT pgqueue.pgq_drop_queue('held', force => true)").unwrap();
+    let s = held_set(&mut c).unwrap();
+    assert_eq!((s.0, s.1, s.4), (true, 0, 0), "exact and empty, no claim passed over");
+}
+
+#[test]
+fn rolled_back_claims_and_claims_ended_in_their_own_transaction_leave_nothing() {
+    let _turn = common::file_turn(file!());
+    let server = Server::with_pgqueue(CONF);
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('held', lease => '1 hour')").unwrap();
+    let ids = send_many(&mut c, "held", 5, "0");
+    let first_claim = claim_one(&mut c, "held", None);
+    assert!(ack(&mut c, &first_claim));
+    exact(&mut c);
+    let ids = &ids[1..];
+    // Rolled back, whole and to a savepoint.
+    let mut tx = c.transaction().unwrap();
+    claim(&mut tx, "held", 2, None);
+    tx.rollback().unwrap();
+    assert_eq!(held_set(&mut c).unwrap().1, 0);
+    let mut tx = c.transaction().unwrap();
+    let first = claim_one(&mut tx, "held", None);
+    let mut sp = tx.savepoint("s").unwrap();
+    let undone = claim_one(&mut sp, "held", None);
+    sp.rollback().unwrap();
+    tx.commit().unwrap();
+    assert_eq!((first.id, undone.id), (ids[0], ids[1]));
+    assert_eq!(held_numbers(&mut c, ids), [1, 0, 0, 0], "only the claim that committed");
+    // Claimed and acked in one transaction; and an ack rolled back leaves its claim.
+    let mut tx = c.transaction().unwrap();
+    let both = claim_one(&mut tx, "held", None);
+    assert!(ack(&mut tx, &both));
+    tx.commit().unwrap();
+    let mut tx = c.transaction().unwrap();
+    assert!(ack(&mut tx, &first));
+    tx.rollback().unwrap();
+    assert_eq!(held_numbers(&mut c, ids), [1, 0, 0, 0]);
+    agrees(&mut c, "held");
+    let s = held_set(&mut c).unwrap();
+    assert_eq!((s.0, s.1, s.4), (true, 1, 0));
+}
+
+#[test]
+fn the_extension_created_again_and_ledger_rows_written_around_the_api_make_the_set_start_over() {
+    let _turn = common::file_turn(file!());
+    let server = Server::with_pgqueue(CONF);
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('held', lease => '1 hour')").unwrap();
+    let ids = send_many(&mut c, "held", 3, "0");
+    claim(&mut c, "held", 3, None);
+    assert_eq!(exact(&mut c).1, 3);
+    // Dropped with its claims held, created again: the new messages have the same ids, and a
+    // set that still listed the old claims would say they are held.
+    c.batch_execute("DROP EXTENSION pgqueue CASCADE; CREATE EXTENSION pgqueue").unwrap();
+    assert_eq!(held_set(&mut c).unwrap().1, 0, "it forgot the old claims");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('held', lease => '1 hour')").unwrap();
+    assert_eq!(send_many(&mut c, "held", 3, "0"), ids, "the same ids again");
+    exact(&mut c);
+    let again = claim(&mut c, "held", 3, None);
+    assert_eq!(again.len(), 3);
+    assert_eq!(held_numbers(&mut c, &ids), [1, 1, 1]);
+    assert_eq!(held_set(&mut c).unwrap().4, 0, "no claim found an old entry");
+    agrees(&mut c, "held");
+    // A ledger row written by hand (as a restore's COPY writes them): the set forgets at
+    // commit, and the worker rebuilds it from the ledger, these claims included.
+    let rebuilds = held_set(&mut c).unwrap().2;
+    c.batch_execute(
+        "INSERT INTO pgqueue.claims (queue, msg_ids, claim_numbers, claimed_at) VALUES ('held', '{999999}', '{1}', now())",
+    )
+    .unwrap();
+    // Rebuilt by the worker (a rebuild runs only where the set is not exact).
+    wait_for("the held set rebuilt", LIMIT, || held_set(&mut c).filter(|s| s.0 && s.2 > rebuilds));
+    assert_eq!(held_numbers(&mut c, &ids), [1, 1, 1], "from the ledger");
+    agrees(&mut c, "held");
+    for m in &again {
+        assert!(ack(&mut c, m));
+    }
+    assert_eq!(held_set(&mut c).unwrap().1, 0);
+}
