@@ -35,6 +35,9 @@ struct Shared {
     /// had not run yet): the set forgot it.
     passed_over: u64,
     rebuilds: u64,
+    /// The last rebuild read more live claims than the set keeps: the next ones wait for the
+    /// prune cadence (each reads the whole ledger).
+    too_many: bool,
     set: InFlight<SLOTS>,
 }
 
@@ -102,6 +105,7 @@ fn with_set<R>(take: bool, f: impl FnOnce(&mut Shared) -> R) -> Option<R> {
                 sets[i].db = db;
                 sets[i].passed_over = 0;
                 sets[i].rebuilds = 0;
+                sets[i].too_many = false;
                 sets[i].set.restart();
             }),
         };
@@ -317,12 +321,15 @@ static LIVE: Statement = Statement {
 /// The tick's step: makes the set exact again from the claim ledger where it is not (after a
 /// restart, a prepared transaction, a set that filled up). Gives up while a transaction of
 /// this database is prepared (its claims are in no snapshot yet) and in a transaction whose
-/// snapshot is older than the rebuild (not READ COMMITTED). Returns whether it rebuilt.
-pub fn rebuild() -> bool {
+/// snapshot is older than the rebuild (not READ COMMITTED). After a rebuild that found more
+/// live claims than the set keeps, the next runs only at the prune cadence (`prune_now`).
+/// Returns whether it rebuilt.
+pub fn rebuild(prune_now: bool) -> bool {
     if !in_use() {
         return false;
     }
-    let Some(Some(epoch)) = with_set(false, |shared| shared.set.begin_rebuild()) else { return false };
+    let begun = with_set(false, |shared| if shared.too_many && !prune_now { None } else { shared.set.begin_rebuild() });
+    let Some(Some(epoch)) = begun else { return false };
     // Read after begin_rebuild, each in a snapshot of its own (Statement::run takes a new
     // one): a claim that commits later took its messages here first; one prepared later
     // makes the rebuild fail (forget). An error leaves it unfinished (the set not exact).
@@ -345,6 +352,7 @@ pub fn rebuild() -> bool {
     };
     with_set(false, |shared| {
         shared.rebuilds += 1;
+        shared.too_many = live.len() > InFlight::<SLOTS>::CAPACITY;
         shared.set.finish_rebuild(epoch, &live)
     })
     .unwrap_or(false)

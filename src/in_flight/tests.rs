@@ -481,3 +481,43 @@ fn leases_end_by_renewal() {
     set.renew(1, 2, 300); // another attempt: not this one's
     assert_eq!(set.expired(200), vec![(1, 1)]);
 }
+
+/// What the set may not know it stops vouching for: a claim or end prepared (`forget`), a
+/// claim it still listed that the rows had free (`hold_unrecorded`, while shadowed),
+/// everything when the extension is created again or ledger rows are written around the API
+/// (`forget_all`); and a rebuild under way cannot finish meanwhile.
+#[test]
+fn what_the_set_may_not_know_it_stops_vouching_for() {
+    let mut set = Box::<InFlight<8>>::default();
+    let epoch = set.begin_rebuild().unwrap();
+    assert!(set.finish_rebuild(epoch, &[]));
+    assert!(set.vouches_for(-5), "every id, negative ones too (a redrive keeps a dead letter's id)");
+    assert_eq!(set.take(1, -5, 1, 0), Take::Free);
+    set.commit(1, &[-5], 0);
+    // A prepared end: forgotten, and not vouched for.
+    set.forget(-5);
+    assert!(!set.vouches_for(-5) && set.vouches_for(7));
+    assert_eq!(set.len(), 0);
+    // A claim holding a message without an entry: no rebuild finishes until it has ended.
+    let epoch = set.begin_rebuild().unwrap();
+    set.hold_unrecorded(7);
+    assert!(!set.finish_rebuild(epoch, &[]), "spoiled");
+    let epoch = set.begin_rebuild().unwrap();
+    assert!(!set.finish_rebuild(epoch, &[]), "the claim is still under way");
+    set.commit(2, &[], 1);
+    let epoch = set.begin_rebuild().unwrap();
+    assert!(set.finish_rebuild(epoch, &[(7, 1, 0)]));
+    assert_eq!(set.take(3, 7, 2, 0), Take::Skip);
+    // Everything forgotten while a rebuild reads.
+    set.forget(9);
+    let epoch = set.begin_rebuild().unwrap();
+    set.forget_all();
+    assert!(!set.finish_rebuild(epoch, &[]));
+    assert_eq!(set.len(), 0);
+    assert!(!set.vouches_for(i64::MIN) && !set.vouches_for(i64::MAX));
+    // A rebuild given up (a prepared transaction) changes nothing.
+    let epoch = set.begin_rebuild().unwrap();
+    set.abandon_rebuild(epoch);
+    assert!(!set.finish_rebuild(epoch, &[]));
+    assert!(!set.is_exact());
+}
