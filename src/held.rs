@@ -19,7 +19,6 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{AllocatedByPostgres, WhoAllocated};
 use std::cell::RefCell;
-use std::ffi::c_void;
 use std::mem::size_of;
 use std::ptr::null_mut;
 
@@ -160,15 +159,6 @@ thread_local! {
     static CLAIMING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Registers the transaction callbacks for this process.
-pub fn init() {
-    // SAFETY: permanent callbacks; they run in this process only.
-    unsafe {
-        pg_sys::RegisterXactCallback(Some(on_xact), null_mut());
-        pg_sys::RegisterSubXactCallback(Some(on_subxact), null_mut());
-    }
-}
-
 /// Whether this database's SQL notes every end (0.23.0 on, which shows the set in
 /// `pgqueue.held_set`): before that, takes would stay.
 fn in_use() -> bool {
@@ -225,12 +215,10 @@ pub fn claiming<R>(f: impl FnOnce() -> R) -> R {
     result
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
+/// The transaction ended (pending.rs's callback): its takes and ends applied (commit), undone
+/// (abort), or forgotten (prepare).
+pub fn at_end(event: pg_sys::XactEvent::Type) {
     use pg_sys::XactEvent::*;
-    if !matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE) {
-        return;
-    }
     CLAIMING.set(false);
     let tx = TX.with_borrow_mut(std::mem::take);
     if tx.taken.is_empty() && tx.ends.is_empty() && tx.unrecorded == 0 && !tx.forget_all {
@@ -262,14 +250,9 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut c
     });
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn on_subxact(
-    event: pg_sys::SubXactEvent::Type,
-    _sub: pg_sys::SubTransactionId,
-    _parent: pg_sys::SubTransactionId,
-    _arg: *mut c_void,
-) {
-    let level = level();
+/// A subtransaction ended at nesting `level` (pending.rs's callback): committed, its takes
+/// and ends become its parent's; rolled back, its claims' rows are claimable again now.
+pub fn at_sub_end(event: pg_sys::SubXactEvent::Type, level: i32) {
     match event {
         pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => TX.with_borrow_mut(|tx| {
             for (_, l) in tx.taken.iter_mut().filter(|(_, l)| *l >= level) {

@@ -50,7 +50,6 @@ pub extern "C-unwind" fn _PG_init() {
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     guc::init(preloading);
     pending::init();
-    held::init();
     partition_files::init();
     let binary_upgrade = unsafe { pg_sys::IsBinaryUpgrade };
     // Loaded into a single session (no preload): the SQL API works, but a worker can only

@@ -11,6 +11,7 @@
 
 use crate::dependencies;
 use crate::dispatch::DUE_NEVER;
+use crate::held;
 use crate::outcome_wait;
 use crate::queue_state::{self, DEPTHS, Key, State};
 use crate::rollup;
@@ -192,11 +193,13 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut c
             finish(true);
             outcome_wait::at_commit();
             dependencies::at_commit();
+            held::at_end(event);
         }
         XACT_EVENT_ABORT => {
             finish(false);
             outcome_wait::forget();
             dependencies::forget();
+            held::at_end(event);
         }
         // A prepared transaction commits elsewhere, later: its messages are found by the
         // worker's check at the next tick.
@@ -205,6 +208,7 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut c
             outcome_wait::forget();
             dependencies::forget();
             queue_state::commit_ends();
+            held::at_end(event);
         }
         _ => {}
     }
@@ -219,6 +223,7 @@ unsafe extern "C-unwind" fn on_subxact(
 ) {
     // SAFETY: a plain read of the transaction state.
     let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
+    held::at_sub_end(event, level);
     match event {
         pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => NOTES.with_borrow_mut(|notes| {
             for note in notes.iter_mut().filter(|n| n.level >= level) {
