@@ -184,4 +184,6 @@ fn prepared_claims_nacks_and_acks_are_neither_handed_out_twice_nor_lost() {
     assert_eq!(completed, 4, "each message completed once");
     wait_for("the held set rebuilt", LIMIT, || held_set(&mut c).filter(|s| s.0));
     assert!(held_disagreements(&mut c, &["prepared"]).is_empty());
+    // The prepared claim rolled back left nothing listed: no claim found its message listed.
+    assert_eq!(held_set(&mut c).unwrap().4, 0, "claims passed over");
 }
