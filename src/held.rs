@@ -378,6 +378,7 @@ fn _claims_written<'a>(
 /// `pgqueue.held_set`: this database's set; no row without shared memory (or without a set
 /// of its own: all taken by other databases).
 #[pg_extern(volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity)]
 fn _held_set() -> TableIterator<
     'static,
     (
