@@ -269,9 +269,11 @@ fn nacks_parks_and_re_arms_count_the_claims_they_end() {
         &[&second.id],
     )
     .unwrap();
-    // Re-armed here or by the worker's tick, whichever comes first.
+    // Re-armed here or by the worker's tick, whichever comes first. pgq_rearm walks every
+    // window of claims (one _rearm_batch looks at the first 400 claimed rows of the database,
+    // which the claims of tests running beside this one may fill).
     crate::common::wait_for("the expired claim re-armed", std::time::Duration::from_secs(30), || {
-        c.execute("SELECT FROM pgqueue._rearm_batch(0, 100, $1)", &[&q]).unwrap();
+        c.execute("SELECT FROM pgqueue.pgq_rearm(1000000, $1)", &[&q]).unwrap();
         (message(&mut c, second.id).map(|m| m.state) == Some("ready".into())).then_some(())
     });
     let third = claim_one(&mut c, &q, None);
