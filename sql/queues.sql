@@ -116,6 +116,7 @@ CREATE FUNCTION pgqueue.pgq_drop_queue(queue text, force boolean DEFAULT false) 
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '5s' AS $$
 DECLARE
     in_flight bigint;
+    ended integer;
     parents bigint[];
     children bigint[];
 BEGIN
@@ -146,7 +147,7 @@ BEGIN
     SELECT array_agg(g.msg_id) FILTER (WHERE g.has_dependents), array_agg(g.msg_id) FILTER (WHERE g.child),
            pgqueue._held_end(array_agg(g.msg_id) FILTER (WHERE g.number IS NOT NULL),
                              array_agg(g.number) FILTER (WHERE g.number IS NOT NULL))
-      INTO parents, children, in_flight FROM gone g;
+      INTO parents, children, ended FROM gone g;
     -- Children in other queues: their parents were deleted (on_parent_failure applies).
     IF parents IS NOT NULL OR children IS NOT NULL THEN
         PERFORM pgqueue._finish_dependencies(coalesce(parents, '{}'),
