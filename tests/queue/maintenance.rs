@@ -246,8 +246,13 @@ fn a_large_partition_is_counted_exactly_and_freed_in_steps() {
     // Read once first: the prune's own count then sets no hint bits, so nothing of the
     // partition is unwritten when its commit frees it (a checkpoint by another test meanwhile
     // could write them out just then).
-    c.batch_execute(&format!("SELECT count(*) FROM pgqueue.\"{part}\"; CHECKPOINT; SET client_min_messages = debug1"))
-        .unwrap();
+    // The longest lock wait: a waiting pgq_result in another test holds every history
+    // partition for its wait.
+    c.batch_execute(&format!(
+        "SELECT count(*) FROM pgqueue.\"{part}\"; CHECKPOINT; SET client_min_messages = debug1;
+         SET pgqueue.prune_lock_timeout = '60s'"
+    ))
+    .unwrap();
     notices.lock().unwrap().clear();
     assert_eq!(prune(&mut c, &q), vec![(part.clone(), "pruned".to_string(), 50_000)]);
     c.batch_execute("RESET client_min_messages").unwrap();
