@@ -9,22 +9,46 @@
 //! Per transaction this keeps what it took and ended, applied at commit, undone at rollback
 //! (a savepoint's at once). A prepared transaction commits elsewhere, later: the set forgets
 //! its messages (they are asked about until a rebuild), and the tick does not rebuild while a
-//! transaction of the database is prepared. Without preloading, or with every set in use by
-//! other databases, nothing is kept and nothing is lost.
+//! transaction of the database is prepared. Without preloading, with
+//! `pgqueue.held_set_capacity` = 0, or with every set in use by other databases, nothing is
+//! kept and nothing is lost.
 
-use crate::in_flight::{InFlight, Owner, Take};
+use crate::in_flight::{InFlight, Owner, Slot, Take};
 use crate::statement::Statement;
 use pgrx::heap_tuple::PgHeapTupleError;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{AllocatedByPostgres, WhoAllocated};
 use std::cell::RefCell;
-use std::mem::size_of;
+use std::mem::{align_of, size_of};
 use std::ptr::null_mut;
 
-/// Databases with a set of their own, and each set's slots (it keeps half as many claims).
+/// Databases with a set of their own.
 const SETS: usize = 8;
-const SLOTS: usize = 16_384;
+
+/// A set's slots, or its log of ends, in shared memory after the header. A pointer, not a
+/// reference: the memory is zeroed before it is set. Backends are forked from the
+/// postmaster, so shared memory has the same address in each.
+#[repr(C)]
+struct Slots {
+    start: *mut Slot,
+    len: usize,
+}
+
+impl std::ops::Deref for Slots {
+    type Target = [Slot];
+    fn deref(&self) -> &[Slot] {
+        // SAFETY: set by startup to a part of shared memory of `len` slots, never moved.
+        unsafe { std::slice::from_raw_parts(self.start, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for Slots {
+    fn deref_mut(&mut self) -> &mut [Slot] {
+        // SAFETY: as in deref; the caller holds the lock (with_set).
+        unsafe { std::slice::from_raw_parts_mut(self.start, self.len) }
+    }
+}
 
 #[repr(C)]
 struct Shared {
@@ -37,7 +61,7 @@ struct Shared {
     /// The last rebuild read more live claims than the set keeps: the next ones wait for the
     /// prune cadence (each reads the whole ledger).
     too_many: bool,
-    set: InFlight<SLOTS>,
+    set: InFlight<Slots>,
 }
 
 #[repr(C)]
@@ -48,9 +72,26 @@ struct Header {
 
 static mut HEADER: *mut Header = null_mut();
 
+/// Each set's slots: twice the claims it keeps (`pgqueue.held_set_capacity`, rounded up to a
+/// power of two); 0: no sets. Each has a log of ends as long as its capacity, so a claim
+/// costs 3 slots, 72 bytes.
+fn slots() -> usize {
+    match crate::guc::HELD_SET_CAPACITY.get() {
+        ..=0 => 0,
+        claims => (claims as usize * 2).next_power_of_two(),
+    }
+}
+
+fn header_size() -> usize {
+    size_of::<Header>().next_multiple_of(align_of::<Slot>())
+}
+
 /// The shared memory this needs (`queue_state` asks for it with its own).
 pub fn size() -> usize {
-    size_of::<Header>()
+    match slots() {
+        0 => 0,
+        n => header_size() + SETS * (n + n / 2) * size_of::<Slot>(),
+    }
 }
 
 /// Attaches (and at first initialises) the sets; `queue_state::startup` calls this under
@@ -59,16 +100,23 @@ pub fn size() -> usize {
 /// # Safety
 /// Only from the shared memory startup hook.
 pub unsafe fn startup() {
+    let n = slots();
+    if n == 0 {
+        return;
+    }
     let mut found = false;
-    // SAFETY: the caller holds AddinShmemInitLock; the struct is sized by size(). Zeroed, then
-    // each set restarted in place (too large for the stack).
+    // SAFETY: the caller holds AddinShmemInitLock; the memory is sized by size(): the header,
+    // then each set's slots and log of ends. Zeroed, then each set made over its part.
     unsafe {
         let header = pg_sys::ShmemInitStruct(c"pgqueue held sets".as_ptr(), size(), &mut found) as *mut Header;
         if !found {
             std::ptr::write_bytes(header as *mut u8, 0, size());
             (*header).lock = &raw mut (*pg_sys::GetNamedLWLockTranche(c"pgqueue held".as_ptr())).lock;
-            for shared in (*header).sets.iter_mut() {
-                shared.set.restart();
+            let base = (header as *mut u8).add(header_size()) as *mut Slot;
+            for i in 0..SETS {
+                let start = base.add(i * (n + n / 2));
+                let set = InFlight::new(Slots { start, len: n }, Slots { start: start.add(n), len: n / 2 });
+                std::ptr::write(&raw mut (*header).sets[i].set, set);
             }
         }
         HEADER = header;
@@ -335,7 +383,7 @@ pub fn rebuild(prune_now: bool) -> bool {
     };
     with_set(false, |shared| {
         shared.rebuilds += 1;
-        shared.too_many = live.len() > InFlight::<SLOTS>::CAPACITY;
+        shared.too_many = live.len() > shared.set.capacity();
         shared.set.finish_rebuild(epoch, &live)
     })
     .unwrap_or(false)
@@ -398,7 +446,7 @@ fn _held_set() -> TableIterator<
         (
             unknown.is_none(),
             s.set.len() as i64,
-            InFlight::<SLOTS>::CAPACITY as i64,
+            s.set.capacity() as i64,
             unknown.map(|u| u.0),
             unknown.map(|u| u.1),
             s.set.overflows as i64,

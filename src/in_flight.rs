@@ -48,7 +48,7 @@ pub type Owner = u32;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-struct Slot {
+pub struct Slot {
     /// 0: empty. Sends number messages from 1; a redrive keeps the msg_id of the dead letter it
     /// brings back, which may be anything but 0 (the caller holds a 0 without an entry).
     msg_id: i64,
@@ -59,17 +59,15 @@ struct Slot {
     lease_end: i64,
 }
 
-/// Ends remembered while a rebuild reads the ledger.
-pub const END_LOG: usize = 256;
-
-/// One queue's messages in flight: an open-addressing table of `N` slots (a power of two),
-/// plain data for shared memory. The caller holds the table's lock for every call.
+/// The messages in flight: an open-addressing table over `slots` (a power of two of them),
+/// plain data for shared memory, where `S` is a slice of it (held.rs; its size is a setting)
+/// and in the tests a `Vec`. The caller holds the table's lock for every call.
 #[repr(C)]
-pub struct InFlight<const N: usize> {
+pub struct InFlight<S> {
     /// The msg_ids (inclusive) whose holds may be missing; None: the set is exact.
     unknown: Option<(i64, i64)>,
     len: usize,
-    slots: [Slot; N],
+    slots: S,
     /// Claims under way that took messages the set had no room for.
     unrecorded: u32,
     /// Bumped by every restart and every `begin_rebuild`: a rebuild finishes only with the
@@ -79,35 +77,45 @@ pub struct InFlight<const N: usize> {
     /// The rebuild under way cannot finish: a claim the set does not know of committed, or
     /// more ends than the log holds.
     spoiled: bool,
-    ends: [(i64, i32); END_LOG],
+    /// The ends (msg_id and attempt) that committed while a rebuild read the ledger: as many
+    /// as the set keeps claims, since a rebuild's read takes as long as the claims it reads.
+    ends: S,
     nends: usize,
     /// Counters for the views: takes that found no room, rebuilds refused.
     pub overflows: u64,
     pub refused: u64,
 }
 
-impl<const N: usize> Default for InFlight<N> {
-    fn default() -> Self {
-        assert!(N.is_power_of_two());
-        InFlight {
-            unknown: Some((i64::MIN, i64::MAX)),
+impl<S: std::ops::DerefMut<Target = [Slot]>> InFlight<S> {
+    /// A set knowing nothing over `slots` (a power of two of them, at least 2) and `ends`
+    /// (half as many: its capacity).
+    pub fn new(slots: S, ends: S) -> Self {
+        assert!(slots.len().is_power_of_two() && slots.len() >= 2 && ends.len() == slots.len() / 2);
+        let mut set = InFlight {
+            unknown: None,
             len: 0,
-            slots: [Slot::default(); N],
+            slots,
             unrecorded: 0,
             epoch: 0,
             rebuilding: false,
             spoiled: false,
-            ends: [(0, 0); END_LOG],
+            ends,
             nends: 0,
             overflows: 0,
             refused: 0,
-        }
+        };
+        set.restart();
+        set
     }
-}
 
-impl<const N: usize> InFlight<N> {
     /// Entries the set keeps at most: half its slots.
-    pub const CAPACITY: usize = N / 2;
+    pub fn capacity(&self) -> usize {
+        self.slots.len() / 2
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
 
     pub fn is_exact(&self) -> bool {
         self.unknown.is_none()
@@ -136,8 +144,7 @@ impl<const N: usize> InFlight<N> {
         self.slots.iter().filter(|s| s.msg_id != 0).map(|s| (s.msg_id, s.attempt, s.owner))
     }
 
-    /// Shared memory lost (or the queue is new to it): nothing known until a rebuild. In
-    /// place: a set is too large to build on the stack.
+    /// Shared memory lost (or the database is new to it): nothing known until a rebuild.
     pub fn restart(&mut self) {
         self.slots.fill(Slot::default());
         self.len = 0;
@@ -179,7 +186,7 @@ impl<const N: usize> InFlight<N> {
         if self.find(msg_id).is_some() {
             return Take::Skip;
         }
-        if self.len == Self::CAPACITY {
+        if self.len == self.capacity() {
             // Claims of this message ask the ledger from now on, until a rebuild: the set
             // cannot say that it is held.
             self.widen(msg_id);
@@ -241,10 +248,10 @@ impl<const N: usize> InFlight<N> {
             self.remove_at(i);
         }
         if self.rebuilding {
-            if self.nends == END_LOG {
+            if self.nends == self.ends.len() {
                 self.spoiled = true;
             } else {
-                self.ends[self.nends] = (msg_id, attempt);
+                self.ends[self.nends] = Slot { msg_id, attempt, owner: 0, lease_end: 0 };
                 self.nends += 1;
             }
         }
@@ -309,10 +316,12 @@ impl<const N: usize> InFlight<N> {
         // committed since the read): the holds missing are those left out here.
         let mut left_out = None;
         for &(msg_id, attempt, lease_end) in live {
-            if self.ends[..self.nends].contains(&(msg_id, attempt)) || self.find(msg_id).is_some() {
+            if self.ends[..self.nends].iter().any(|e| (e.msg_id, e.attempt) == (msg_id, attempt))
+                || self.find(msg_id).is_some()
+            {
                 continue;
             }
-            if self.len == Self::CAPACITY {
+            if self.len == self.capacity() {
                 left_out =
                     Some(left_out.map_or((msg_id, msg_id), |(lo, hi): (i64, i64)| (lo.min(msg_id), hi.max(msg_id))));
                 continue;
@@ -326,28 +335,28 @@ impl<const N: usize> InFlight<N> {
         left_out.is_none()
     }
 
-    fn home(msg_id: i64) -> usize {
+    fn home(&self, msg_id: i64) -> usize {
         // Fibonacci hashing: consecutive ids (the usual claim) spread over the table.
-        (msg_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize & (N - 1)
+        (msg_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize & self.mask()
     }
 
     fn find(&self, msg_id: i64) -> Option<usize> {
-        let mut i = Self::home(msg_id);
-        for _ in 0..N {
+        let mut i = self.home(msg_id);
+        for _ in 0..self.slots.len() {
             match self.slots[i].msg_id {
                 0 => return None,
                 id if id == msg_id => return Some(i),
-                _ => i = (i + 1) & (N - 1),
+                _ => i = (i + 1) & self.mask(),
             }
         }
         None
     }
 
     fn insert(&mut self, slot: Slot) {
-        debug_assert!(self.len < N);
-        let mut i = Self::home(slot.msg_id);
+        debug_assert!(self.len < self.slots.len());
+        let mut i = self.home(slot.msg_id);
         while self.slots[i].msg_id != 0 {
-            i = (i + 1) & (N - 1);
+            i = (i + 1) & self.mask();
         }
         self.slots[i] = slot;
         self.len += 1;
@@ -358,18 +367,19 @@ impl<const N: usize> InFlight<N> {
     fn remove_at(&mut self, mut gap: usize) {
         self.slots[gap] = Slot::default();
         self.len -= 1;
-        let mut i = (gap + 1) & (N - 1);
+        let mask = self.mask();
+        let mut i = (gap + 1) & mask;
         while self.slots[i].msg_id != 0 {
-            let home = Self::home(self.slots[i].msg_id);
+            let home = self.home(self.slots[i].msg_id);
             // Movable when its home is not in (gap, i], cyclically.
-            let dist_home = i.wrapping_sub(home) & (N - 1);
-            let dist_gap = i.wrapping_sub(gap) & (N - 1);
+            let dist_home = i.wrapping_sub(home) & mask;
+            let dist_gap = i.wrapping_sub(gap) & mask;
             if dist_home >= dist_gap {
                 self.slots[gap] = self.slots[i];
                 self.slots[i] = Slot::default();
                 gap = i;
             }
-            i = (i + 1) & (N - 1);
+            i = (i + 1) & mask;
         }
     }
 }

@@ -16,7 +16,12 @@ use std::collections::BTreeSet;
 const MESSAGES: i64 = 6;
 /// Small, so that the set fills up (at half its slots).
 const SLOTS: usize = 4;
-const CAPACITY: usize = InFlight::<SLOTS>::CAPACITY;
+const CAPACITY: usize = SLOTS / 2;
+
+/// A set of `slots` slots, as held.rs makes one over shared memory.
+fn set_of(slots: usize) -> InFlight<Vec<Slot>> {
+    InFlight::new(vec![Slot::default(); slots], vec![Slot::default(); slots / 2])
+}
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Phase {
@@ -62,7 +67,7 @@ struct Rebuild {
 }
 
 struct World {
-    set: Box<InFlight<SLOTS>>,
+    set: InFlight<Vec<Slot>>,
     msgs: Vec<Msg>,
     claims: Vec<Claim>,
     ends: Vec<PendingEnd>,
@@ -119,7 +124,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 impl World {
     fn new() -> World {
-        let mut set = Box::<InFlight<SLOTS>>::default();
+        let mut set = set_of(SLOTS);
         set.restart();
         World {
             set,
@@ -407,7 +412,7 @@ fn a_claim_the_set_has_no_room_for_is_found_in_the_ledger() {
 /// set is not exact) leaves that claim's entry alone.
 #[test]
 fn a_late_end_removes_only_its_own_attempt() {
-    let mut set = Box::<InFlight<SLOTS>>::default();
+    let mut set = set_of(SLOTS);
     set.restart();
     assert_eq!(set.take(1, 7, 1, 0), Take::Ask);
     set.commit(1, &[7], 0);
@@ -425,7 +430,7 @@ fn a_late_end_removes_only_its_own_attempt() {
 /// of those it left out.
 #[test]
 fn a_full_set_stops_vouching_only_for_what_it_could_not_keep() {
-    let mut set = Box::<InFlight<8>>::default();
+    let mut set = set_of(8);
     let epoch = set.begin_rebuild().expect("not exact at first");
     assert!(set.finish_rebuild(epoch, &[]));
     for id in 1..=4 {
@@ -450,11 +455,10 @@ fn a_full_set_stops_vouching_only_for_what_it_could_not_keep() {
 
 #[test]
 fn deletion_keeps_every_probe_run_reachable() {
-    let mut set = Box::<InFlight<8>>::default();
+    let mut set = set_of(8);
     set.restart();
     // Ids that share a home slot: one probe run.
-    let ids: Vec<i64> =
-        (1..).filter(|&id| InFlight::<8>::home(id) == InFlight::<8>::home(1)).take(InFlight::<8>::CAPACITY).collect();
+    let ids: Vec<i64> = (1..).filter(|&id| set.home(id) == set.home(1)).take(set.capacity()).collect();
     for &id in &ids {
         assert_eq!(set.take(1, id, 1, id), Take::Ask);
     }
@@ -471,7 +475,7 @@ fn deletion_keeps_every_probe_run_reachable() {
 
 #[test]
 fn leases_end_by_renewal() {
-    let mut set = Box::<InFlight<8>>::default();
+    let mut set = set_of(8);
     set.restart();
     set.take(1, 1, 1, 100);
     set.take(1, 2, 1, 100);
@@ -488,7 +492,7 @@ fn leases_end_by_renewal() {
 /// (`forget_all`); and a rebuild under way cannot finish meanwhile.
 #[test]
 fn what_the_set_may_not_know_it_stops_vouching_for() {
-    let mut set = Box::<InFlight<8>>::default();
+    let mut set = set_of(8);
     let epoch = set.begin_rebuild().unwrap();
     assert!(set.finish_rebuild(epoch, &[]));
     assert!(set.vouches_for(-5), "every id, negative ones too (a redrive keeps a dead letter's id)");

@@ -149,3 +149,72 @@ fn the_extension_created_again_and_ledger_rows_written_around_the_api_make_the_s
     }
     assert_eq!(held_set(&mut c).unwrap().1, 0);
 }
+
+/// `pgqueue.held_set_capacity` sizes each set (rounded up to a power of two). Claims beyond it
+/// are counted as overflows and the set stops vouching only for them; a rebuild that finds
+/// more live claims than fit waits for the prune cadence instead of reading the ledger every
+/// tick; once they fit, it makes the set exact again. At 0 there is no set.
+#[test]
+fn a_set_sized_by_its_setting_overflows_and_is_rebuilt_once_the_claims_fit() {
+    let _turn = common::file_turn(file!());
+    let conf = [CONF, &["pgqueue.held_set_capacity = 10", "pgqueue.prune_interval = '4s'"]].concat();
+    let server = Server::with_pgqueue(&conf);
+    let mut c = server.connect("postgres");
+    let capacity = |c: &mut Client| -> (i64, i64) {
+        let r = c.query_one("SELECT capacity, overflows FROM pgqueue.held_set", &[]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('held', lease => '1 hour')").unwrap();
+    let ids = send_many(&mut c, "held", 40, "0");
+    let first = claim(&mut c, "held", 8, None);
+    let rebuilds = exact(&mut c).2;
+    assert_eq!(capacity(&mut c), (16, 0), "10 rounded up");
+    // 72 bytes a claim for each of 8 databases, and a header.
+    let bytes: i64 =
+        c.query_one("SELECT size FROM pg_shmem_allocations WHERE name = 'pgqueue held sets'", &[]).unwrap().get(0);
+    assert!((8 * 16 * 72..8 * 16 * 72 + 4096).contains(&bytes), "{bytes} bytes");
+    // 28 held: the 12 the set has no room for are the ones it stops vouching for.
+    let more = claim(&mut c, "held", 20, None);
+    let s = held_set(&mut c).unwrap();
+    assert_eq!((s.0, s.1, capacity(&mut c).1), (false, 16, 12));
+    let unknown: (i64, i64) = {
+        let r = c.query_one("SELECT unknown_from, unknown_to FROM pgqueue.held_set", &[]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert!(unknown.0 >= more[0].id && unknown.1 <= more[19].id, "only the new claims' span: {unknown:?}");
+    assert_eq!(held_numbers(&mut c, &ids[..8]), [1; 8], "the first claims still listed");
+    agrees(&mut c, "held");
+    // The worker's next rebuild finds 28 live claims, more than fit: it keeps 16 and waits for
+    // the prune cadence (4 s) before reading the ledger again, not every tick (100 ms).
+    let tried =
+        wait_for("a rebuild that found too many", LIMIT, || held_set(&mut c).filter(|s| s.2 > rebuilds).map(|s| s.2));
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = held_set(&mut c).unwrap();
+    assert!(after.2 <= tried + 1, "rebuilds spaced: {tried} then {}", after.2);
+    assert!(!after.0);
+    agrees(&mut c, "held");
+    // 14 acked: 14 held, which fit; the next rebuild at the cadence makes the set exact.
+    for m in first.iter().chain(&more[..6]) {
+        assert!(ack(&mut c, m));
+    }
+    let s = exact(&mut c);
+    assert_eq!(s.1, 14);
+    assert_eq!(held_numbers(&mut c, &ids[14..28]), [1; 14]);
+    agrees(&mut c, "held");
+    drop(c);
+    drop(server);
+
+    // None at all: claims through the ledger work, and the view has no row.
+    let conf = [CONF, &["pgqueue.held_set_capacity = 0"]].concat();
+    let server = Server::with_pgqueue(&conf);
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('held', lease => '1 hour')").unwrap();
+    send_many(&mut c, "held", 2, "0");
+    let claimed = claim(&mut c, "held", 2, None);
+    assert_eq!(claimed.len(), 2);
+    assert!(held_set(&mut c).is_none());
+    let allocated: i64 =
+        c.query_one("SELECT count(*) FROM pg_shmem_allocations WHERE name = 'pgqueue held sets'", &[]).unwrap().get(0);
+    assert_eq!(allocated, 0, "no shared memory for it");
+    assert!(claimed.iter().all(|m| ack(&mut c, m)));
+}
