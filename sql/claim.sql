@@ -127,7 +127,8 @@ BEGIN
         PERFORM pgqueue._check_reports(progress, pg_catalog.cardinality(msg_ids), 'progress');
     END IF;
     -- Only the lease and the progress change, and neither is in an index: a HOT update.
-    -- The re-arm pass learns the earliest new lease end at commit (a lease may get shorter).
+    -- The re-arm pass learns the earliest new lease end at commit (a lease may get shorter),
+    -- and the held set the new leases of the ledger's claims.
     RETURN QUERY
     WITH renewed AS (
         UPDATE pgqueue.message_rows m
@@ -143,9 +144,13 @@ BEGIN
                END
            AND m.cancel_requested_at IS NULL
            AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
-        RETURNING m.msg_id, m.lease_expires_at
+        RETURNING m.msg_id, m.lease_expires_at, m.claims_ended + 1 AS number,
+                  pgqueue._token_claim(m.claim_token) IS NOT NULL AS ledger
     ), noted AS (
-        SELECT pgqueue._renewed(min(r.lease_expires_at)) FROM renewed r
+        SELECT pgqueue._renewed(min(r.lease_expires_at)),
+               pgqueue._held_renew(array_agg(r.msg_id) FILTER (WHERE r.ledger), array_agg(r.number) FILTER (WHERE r.ledger),
+                                   array_agg(r.lease_expires_at) FILTER (WHERE r.ledger))
+          FROM renewed r
     )
     SELECT r.msg_id FROM renewed r, noted;
 END

@@ -11,6 +11,7 @@ END;
 -- Step "orphans": session-bound claims whose backend has exited (same pid and start time no
 -- longer alive in this database) get an expired lease, so the re-arm step that follows makes
 -- them claimable. "In this database": a restored copy's claims belong to no session here.
+-- The held set learns the new leases at commit.
 -- No `state = 'claimed'` (the CHECK constraint implies it): with it, the planner may walk
 -- messages_claimed_idx from the start, dead entries and all (see messages_session_idx).
 CREATE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
@@ -28,9 +29,10 @@ BEGIN ATOMIC
     ), expired AS (
         UPDATE pgqueue.message_rows m SET lease_expires_at = now()
           FROM orphaned o WHERE m.msg_id = o.msg_id
-        RETURNING m.msg_id
+        RETURNING m.msg_id, m.claims_ended + 1 AS number, m.lease_expires_at
     )
-    SELECT count(*) FROM expired;
+    SELECT coalesce(pgqueue._held_renew(array_agg(e.msg_id), array_agg(e.number), array_agg(e.lease_expires_at)), 0)::bigint
+      FROM expired e;
 END;
 
 -- Step "claims": deletes the claim ledger's rows none of whose entries is live any more (each

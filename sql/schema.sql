@@ -121,13 +121,19 @@ SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, v
 -- (claims_ended below its number). The rows above still decide who holds a message; fencing
 -- checks that the ledger agrees, both ways (XX000 where it does not), so that a later
 -- release can stop writing them. The tick deletes a row once none of its entries is live.
--- Ids fit 48 bits (the token's).
+-- Ids fit 48 bits (the token's). From 0.23.0 a row also keeps what its call granted, which
+-- the rows keep too for now: the lease (renewals change the rows' only), the consumer and
+-- the session of a session-bound claim; NULL in rows written before.
 CREATE TABLE pgqueue.claims (
     claim_id      bigint GENERATED ALWAYS AS IDENTITY (MAXVALUE 281474976710655) PRIMARY KEY,
     queue         text NOT NULL,
     msg_ids       bigint[] NOT NULL,   -- ascending
     claim_numbers integer[] NOT NULL,  -- beside msg_ids: the claim number each was taken as
     claimed_at    timestamptz NOT NULL,
+    lease_expires_at timestamptz,      -- as granted by the claim
+    consumer      text,
+    session_pid   integer,
+    session_started timestamptz,
     CONSTRAINT claims_shape CHECK (pg_catalog.cardinality(msg_ids) >= 1
                                    AND pg_catalog.cardinality(msg_ids) = pg_catalog.cardinality(claim_numbers))
 );

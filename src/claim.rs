@@ -17,6 +17,7 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 };
 use pgrx::prelude::*;
 use pgrx::{AnyArray, Uuid};
+use std::ffi::CStr;
 
 /// Where a claim starts (also `legacy::_claim_start`).
 pub struct Start {
@@ -241,13 +242,23 @@ static PICK_FROM: Statement = Statement {
 /// Claims the picked rows and writes the call's claim ledger row (`pgqueue.claims`): the rows'
 /// claim numbers (`claims_ended` + 1), read from the rows this claim holds locked, and their
 /// tokens, which name the ledger row (ledger.rs). One statement, as before the ledger.
-static CLAIM: Statement = Statement {
-    sql: c"WITH taken AS (
+/// `$granted` and `$values`: the ledger's columns for what the call granted (0.23.0 on) and
+/// their values, or nothing (the 0.22 SQL).
+macro_rules! claim_with_ledger {
+    ($granted:literal, $values:literal) => {
+        Statement {
+            sql: match CStr::from_bytes_with_nul(
+                concat!(
+                    "WITH taken AS (
                SELECT m.msg_id, m.claims_ended + 1 AS number FROM pgqueue.messages m WHERE m.msg_id = ANY ($1)
            ), ledger AS (
-               INSERT INTO pgqueue.claims (queue, msg_ids, claim_numbers, claimed_at)
+               INSERT INTO pgqueue.claims (queue, msg_ids, claim_numbers, claimed_at",
+                    $granted,
+                    ")
                SELECT $7, pg_catalog.array_agg(t.msg_id ORDER BY t.msg_id),
-                      pg_catalog.array_agg(t.number ORDER BY t.msg_id), $2
+                      pg_catalog.array_agg(t.number ORDER BY t.msg_id), $2",
+                    $values,
+                    "
                  FROM taken t
                RETURNING claim_id
            )
@@ -261,9 +272,20 @@ static CLAIM: Statement = Statement {
              FROM ledger l
             WHERE m.msg_id = ANY ($1)
            RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
-                     m.enqueued_at, m.lease_expires_at, m.claims_ended + 1",
-    args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
-};
+                     m.enqueued_at, m.lease_expires_at, m.claims_ended + 1\0"
+                )
+                .as_bytes(),
+            ) {
+                Ok(sql) => sql,
+                Err(_) => panic!("one NUL, at the end"),
+            },
+            args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
+        }
+    };
+}
+static CLAIM: Statement =
+    claim_with_ledger!(", lease_expires_at, consumer, session_pid, session_started", ", $2 + $3, $4, $5, $6");
+static CLAIM_0_22: Statement = claim_with_ledger!("", "");
 /// The same without the ledger (`pgqueue.claim_ledger` off, the default, or a database still
 /// running 0.21's SQL or earlier until ALTER EXTENSION UPDATE, whose fencing counts claims
 /// otherwise): random tokens ($7, the queue, unused).
@@ -452,7 +474,11 @@ fn claim_picked(
 ) -> Vec<Claimed> {
     // The ledger is written where the setting asks for it and the SQL has it (0.22.0 on: 0.21.0 counted attempts).
     let ledger = crate::guc::CLAIM_LEDGER.get() && crate::statement::has_column(c"messages", c"claims_ended");
-    let statement = if ledger { &CLAIM } else { &CLAIM_WITHOUT_LEDGER };
+    let statement = match ledger {
+        true if crate::statement::has_column(c"claims", c"lease_expires_at") => &CLAIM,
+        true => &CLAIM_0_22,
+        false => &CLAIM_WITHOUT_LEDGER,
+    };
     let args = [
         picked.to_vec().into_datum(),
         since.into_datum(),

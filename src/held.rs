@@ -197,6 +197,9 @@ struct Tx {
     unrecorded: u32,
     /// Claims it ended: (msg_id, claim number, level).
     ends: Vec<(i64, i32, i32)>,
+    /// Leases it set (renewed, or ended by a session's exit): (msg_id, claim number, lease
+    /// end, level).
+    renewals: Vec<(i64, i32, i64, i32)>,
     /// Claim ledger rows were written around the API: forget everything at commit.
     forget_all: bool,
 }
@@ -269,7 +272,7 @@ pub fn at_end(event: pg_sys::XactEvent::Type) {
     use pg_sys::XactEvent::*;
     CLAIMING.set(false);
     let tx = TX.with_borrow_mut(std::mem::take);
-    if tx.taken.is_empty() && tx.ends.is_empty() && tx.unrecorded == 0 && !tx.forget_all {
+    if tx.taken.is_empty() && tx.ends.is_empty() && tx.renewals.is_empty() && tx.unrecorded == 0 && !tx.forget_all {
         return;
     }
     let owner = owner();
@@ -277,6 +280,9 @@ pub fn at_end(event: pg_sys::XactEvent::Type) {
     with_set(false, |shared| match event {
         XACT_EVENT_COMMIT => {
             shared.set.commit(owner, &taken, tx.unrecorded);
+            for &(msg_id, number, lease_end, _) in &tx.renewals {
+                shared.set.renew(msg_id, number, lease_end);
+            }
             for &(msg_id, number, _) in &tx.ends {
                 shared.set.end(msg_id, number);
             }
@@ -287,7 +293,8 @@ pub fn at_end(event: pg_sys::XactEvent::Type) {
         XACT_EVENT_ABORT => shared.set.abort(owner, &taken, tx.unrecorded),
         _ => {
             // Prepared: its claims and ends commit (or not) elsewhere, later.
-            for &msg_id in taken.iter().chain(tx.ends.iter().map(|(id, ..)| id)) {
+            let ended = tx.ends.iter().map(|(id, ..)| id);
+            for &msg_id in taken.iter().chain(ended).chain(tx.renewals.iter().map(|(id, ..)| id)) {
                 shared.set.forget(msg_id);
             }
             shared.set.abort(owner, &[], tx.unrecorded);
@@ -309,11 +316,15 @@ pub fn at_sub_end(event: pg_sys::SubXactEvent::Type, level: i32) {
             for (.., l) in tx.ends.iter_mut().filter(|(.., l)| *l >= level) {
                 *l = level - 1;
             }
+            for (.., l) in tx.renewals.iter_mut().filter(|(.., l)| *l >= level) {
+                *l = level - 1;
+            }
         }),
         pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => {
             CLAIMING.set(false);
             let undone: Vec<i64> = TX.with_borrow_mut(|tx| {
                 tx.ends.retain(|&(.., l)| l < level);
+                tx.renewals.retain(|&(.., l)| l < level);
                 let undone = tx.taken.iter().filter(|&&(_, l)| l >= level).map(|&(id, _)| id).collect();
                 tx.taken.retain(|&(_, l)| l < level);
                 undone
@@ -404,6 +415,31 @@ fn _held_end(msg_ids: Option<Vec<Option<i64>>>, numbers: Option<Vec<Option<i32>>
     n
 }
 
+/// `pgqueue._held_renew`: the leases (msg_id, claim number, new end) this statement set
+/// (pgq_renew, a session-bound claim whose session exited); applied to the held set at
+/// commit. Returns how many.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _held_renew(
+    msg_ids: Option<Vec<Option<i64>>>,
+    numbers: Option<Vec<Option<i32>>>,
+    leases: Option<Vec<Option<TimestampWithTimeZone>>>,
+) -> i32 {
+    let (ids, numbers, leases) = (msg_ids.unwrap_or_default(), numbers.unwrap_or_default(), leases.unwrap_or_default());
+    let noted: Vec<(i64, i32, i64)> = ids
+        .into_iter()
+        .zip(numbers)
+        .zip(leases)
+        .filter_map(|((id, number), lease)| Some((id?, number?, pg_sys::TimestampTz::from(lease?))))
+        .collect();
+    if in_use() && !noted.is_empty() {
+        let level = level();
+        TX.with_borrow_mut(|tx| {
+            tx.renewals.extend(noted.iter().map(|&(id, number, lease_end)| (id, number, lease_end, level)))
+        });
+    }
+    noted.len() as i32
+}
+
 /// `pgqueue._held_forget`: this database's held set forgets everything at commit (the
 /// extension was created: a set left by an earlier one must not vouch for the new ids).
 #[pg_extern(volatile, parallel_unsafe)]
@@ -460,7 +496,20 @@ fn _held_set() -> TableIterator<
 
 /// `pgqueue._held_entries`: the set's entries (for the test kit's check against the rows).
 #[pg_extern(volatile, parallel_unsafe)]
-fn _held_entries() -> TableIterator<'static, (name!(msg_id, i64), name!(claim_number, i32), name!(committed, bool))> {
-    let entries = with_set(false, |s| s.set.entries().map(|(id, n, owner)| (id, n, owner == 0)).collect::<Vec<_>>());
-    TableIterator::new(entries.unwrap_or_default())
+#[allow(clippy::type_complexity)]
+fn _held_entries() -> TableIterator<
+    'static,
+    (
+        name!(msg_id, i64),
+        name!(claim_number, i32),
+        name!(committed, bool),
+        name!(lease_expires_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let entries = with_set(false, |s| s.set.entries().collect::<Vec<_>>()).unwrap_or_default();
+    TableIterator::new(
+        entries
+            .into_iter()
+            .map(|(id, n, owner, lease_end)| (id, n, owner == 0, TimestampWithTimeZone::try_from(lease_end).ok())),
+    )
 }

@@ -139,9 +139,9 @@ impl<S: std::ops::DerefMut<Target = [Slot]>> InFlight<S> {
         self.unknown
     }
 
-    /// Its entries: (msg_id, attempt, owner; 0 once committed).
-    pub fn entries(&self) -> impl Iterator<Item = (i64, i32, Owner)> + '_ {
-        self.slots.iter().filter(|s| s.msg_id != 0).map(|s| (s.msg_id, s.attempt, s.owner))
+    /// Its entries: (msg_id, attempt, owner (0 once committed), lease end).
+    pub fn entries(&self) -> impl Iterator<Item = (i64, i32, Owner, i64)> + '_ {
+        self.slots.iter().filter(|s| s.msg_id != 0).map(|s| (s.msg_id, s.attempt, s.owner, s.lease_end))
     }
 
     /// Shared memory lost (or the database is new to it): nothing known until a rebuild.

@@ -16,7 +16,7 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!("../sql/finish.sql", name = "finish", requires = ["claim"]);
 pgrx::extension_sql_file!("../sql/park.sql", name = "park", requires = ["finish"]);
 pgrx::extension_sql_file!("../sql/schedule.sql", name = "schedule", requires = ["park"]);
-pgrx::extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["schedule"]);
+pgrx::extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["schedule", held::_held_renew]);
 pgrx::extension_sql_file!("../sql/audit.sql", name = "audit", requires = ["maintenance"]);
 pgrx::extension_sql_file!(
     "../sql/stats.sql",

@@ -8,8 +8,15 @@
 -- now note those ends for it; ledger rows inserted around the API make it start over (a
 -- statement trigger on pgqueue.claims).
 --
--- No table is rewritten; creating the trigger takes a SHARE ROW EXCLUSIVE lock on
--- pgqueue.claims until the update commits (claims with the ledger on wait for it).
+-- The claim ledger's rows keep what their call granted (lease, consumer, session), as the
+-- message rows still do: NULL in rows written before.
+--
+-- No table is rewritten; the new columns (no default) and the trigger take an ACCESS
+-- EXCLUSIVE lock on pgqueue.claims until the update commits (claims with the ledger on wait
+-- for it).
+
+ALTER TABLE pgqueue.claims ADD COLUMN lease_expires_at timestamptz, ADD COLUMN consumer text,
+    ADD COLUMN session_pid integer, ADD COLUMN session_started timestamptz;
 
 CREATE FUNCTION pgqueue._held_end(
 	"msg_ids" bigint[], /* :: std :: option :: Option < Vec < Option < i64 > > > */
@@ -22,11 +29,21 @@ AS 'MODULE_PATHNAME', '_held_end_wrapper';
 CREATE FUNCTION pgqueue._held_entries() RETURNS TABLE (
 	"msg_id" bigint,  /* i64 */
 	"claim_number" INT,  /* i32 */
-	"committed" bool  /* bool */
+	"committed" bool,  /* bool */
+	"lease_expires_at" timestamp with time zone  /* Option < TimestampWithTimeZone > */
 )
 STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', '_held_entries_wrapper';
+
+CREATE FUNCTION pgqueue._held_renew(
+	"msg_ids" bigint[], /* :: std :: option :: Option < Vec < Option < i64 > > > */
+	"numbers" INT[], /* :: std :: option :: Option < Vec < Option < i32 > > > */
+	"leases" timestamp with time zone[] /* :: std :: option :: Option < Vec < Option < TimestampWithTimeZone > > > */
+) RETURNS INT /* i32 */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_held_renew_wrapper';
 
 CREATE FUNCTION pgqueue._held_forget() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE
@@ -54,6 +71,7 @@ CREATE FUNCTION pgqueue._claims_written()
 	AS 'MODULE_PATHNAME', '_claims_written_wrapper';
 
 REVOKE ALL ON FUNCTION pgqueue._held_end(bigint[], integer[]), pgqueue._held_entries(), pgqueue._held_forget(),
+    pgqueue._held_renew(bigint[], integer[], timestamptz[]),
     pgqueue._held_set(), pgqueue._claims_written() FROM PUBLIC;
 
 -- This database's held set (src/held.rs): the messages claimed through the claim ledger, as
@@ -321,3 +339,68 @@ BEGIN
 END
 $$;
 
+-- Renewals, and leases ended by a session's exit, are noted for the held set.
+CREATE OR REPLACE FUNCTION pgqueue.pgq_renew(msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL,
+                                  queue text DEFAULT NULL, progress jsonb[] DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
+    PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
+    PERFORM pgqueue._check_lease(lease);
+    IF progress IS NOT NULL THEN
+        PERFORM pgqueue._check_reports(progress, pg_catalog.cardinality(msg_ids), 'progress');
+    END IF;
+    -- Only the lease and the progress change, and neither is in an index: a HOT update.
+    -- The re-arm pass learns the earliest new lease end at commit (a lease may get shorter),
+    -- and the held set the new leases of the ledger's claims.
+    RETURN QUERY
+    WITH renewed AS (
+        UPDATE pgqueue.message_rows m
+           SET lease_expires_at = now() + coalesce(lease, q.lease),
+               progress = coalesce(held.progress, m.progress)
+          FROM unnest(msg_ids, claim_tokens, progress) AS held(id, token, progress), pgqueue.queues q
+         WHERE m.msg_id = held.id
+           AND CASE WHEN pgqueue._token_claim(held.token) IS NULL THEN m.claim_token = held.token AND m.state = 'claimed'
+                    ELSE pgqueue._ledger_agrees(held.token, m.msg_id, m.claims_ended + 1,
+                                                m.claim_token = held.token AND m.state = 'claimed',
+                                                (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                                EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(held.token)))
+               END
+           AND m.cancel_requested_at IS NULL
+           AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
+        RETURNING m.msg_id, m.lease_expires_at, m.claims_ended + 1 AS number,
+                  pgqueue._token_claim(m.claim_token) IS NOT NULL AS ledger
+    ), noted AS (
+        SELECT pgqueue._renewed(min(r.lease_expires_at)),
+               pgqueue._held_renew(array_agg(r.msg_id) FILTER (WHERE r.ledger), array_agg(r.number) FILTER (WHERE r.ledger),
+                                   array_agg(r.lease_expires_at) FILTER (WHERE r.ledger))
+          FROM renewed r
+    )
+    SELECT r.msg_id FROM renewed r, noted;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH alive AS MATERIALIZED (
+        SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
+         WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+    ), orphaned AS (
+        SELECT m.msg_id FROM pgqueue.message_rows m
+         WHERE m.session_pid IS NOT NULL AND m.lease_expires_at > now()
+           AND NOT EXISTS (SELECT FROM alive a
+                            WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
+           FOR UPDATE OF m SKIP LOCKED
+    ), expired AS (
+        UPDATE pgqueue.message_rows m SET lease_expires_at = now()
+          FROM orphaned o WHERE m.msg_id = o.msg_id
+        RETURNING m.msg_id, m.claims_ended + 1 AS number, m.lease_expires_at
+    )
+    SELECT coalesce(pgqueue._held_renew(array_agg(e.msg_id), array_agg(e.number), array_agg(e.lease_expires_at)), 0)::bigint
+      FROM expired e;
+END;

@@ -195,7 +195,8 @@ pub fn count(c: &mut impl GenericClient, sql: &str, q: &str) -> i64 {
 /// (`claims_ended` + 1), or whose ledger row is missing or does not list it so; or listed by
 /// a live ledger entry (the message there, its claim number past `claims_ended`) that its row
 /// does not hold under that entry's token (a claim ended without being counted, or two live
-/// claims). Tests with many sessions, rollbacks, kills and restarts end by asserting there are
+/// claims); or held under a ledger row that records its grant (0.23.0 on) with another claim
+/// time, consumer or session than the row's. Tests with many sessions, rollbacks, kills and restarts end by asserting there are
 /// none in their queues; fencing raises XX000 on any it meets.
 pub fn ledger_disagreements(c: &mut impl GenericClient, queues: &[&str]) -> Vec<i64> {
     c.query(
@@ -206,7 +207,10 @@ pub fn ledger_disagreements(c: &mut impl GenericClient, queues: &[&str]) -> Vec<
                                                       m.claims_ended + 1)
                  OR NOT EXISTS (SELECT FROM pgqueue.claims l
                                  WHERE l.claim_id = pgqueue._token_claim(m.claim_token)
-                                   AND l.claim_numbers[array_position(l.msg_ids, m.msg_id)] = m.claims_ended + 1))
+                                   AND l.claim_numbers[array_position(l.msg_ids, m.msg_id)] = m.claims_ended + 1
+                                   AND (l.lease_expires_at IS NULL
+                                        OR (l.claimed_at, l.consumer, l.session_pid, l.session_started)
+                                           IS NOT DISTINCT FROM (m.claimed_at, m.consumer, m.session_pid, m.session_started))))
          UNION
          SELECT e.msg_id FROM pgqueue.claims l, unnest(l.msg_ids, l.claim_numbers) AS e(msg_id, number),
                 pgqueue.messages m, k
@@ -223,16 +227,19 @@ pub fn ledger_disagreements(c: &mut impl GenericClient, queues: &[&str]) -> Vec<
 }
 /// Where this database's held set (src/held.rs, shadowed) and the rows of `queues` disagree,
 /// wherever the set vouches: a claim of the ledger's tokens the set does not list as
-/// committed ("missing"), or a committed entry of one of their messages (waiting or in
-/// history) that is not the row's current claim ("stale"). Empty without shared memory. Only
-/// meaningful while no claim or end of these queues is under way.
+/// committed ("missing"), a committed entry of one of their messages (waiting or in history)
+/// that is not the row's current claim ("stale"), or one whose lease is not the row's
+/// ("lease"). Empty without shared memory. Only meaningful while no claim, renewal or end of
+/// these queues is under way.
 pub fn held_disagreements(c: &mut impl GenericClient, queues: &[&str]) -> Vec<String> {
     c.query(
         "WITH s AS (SELECT * FROM pgqueue.held_set),
-              truth AS (SELECT m.msg_id, m.claims_ended + 1 AS number FROM pgqueue.messages m
+              truth AS (SELECT m.msg_id, m.claims_ended + 1 AS number, m.lease_expires_at AS lease
+                          FROM pgqueue.messages m
                          WHERE m.queue = ANY ($1) AND m.state = 'claimed'
                            AND pgqueue._token_claim(m.claim_token) IS NOT NULL),
-              listed AS (SELECT e.msg_id, e.claim_number AS number FROM pgqueue._held_entries() e WHERE e.committed)
+              listed AS (SELECT e.msg_id, e.claim_number AS number, e.lease_expires_at AS lease
+                           FROM pgqueue._held_entries() e WHERE e.committed)
          SELECT 'missing ' || t.msg_id || '/' || t.number FROM truth t, s
           WHERE (s.exact OR t.msg_id NOT BETWEEN s.unknown_from AND s.unknown_to)
             AND NOT EXISTS (SELECT FROM listed l WHERE l.msg_id = t.msg_id AND l.number = t.number)
@@ -241,6 +248,9 @@ pub fn held_disagreements(c: &mut impl GenericClient, queues: &[&str]) -> Vec<St
           WHERE (EXISTS (SELECT FROM pgqueue.messages m WHERE m.msg_id = l.msg_id AND m.queue = ANY ($1))
                  OR EXISTS (SELECT FROM pgqueue.history h WHERE h.msg_id = l.msg_id AND h.queue = ANY ($1)))
             AND NOT EXISTS (SELECT FROM truth t WHERE t.msg_id = l.msg_id AND t.number = l.number)
+         UNION ALL
+         SELECT 'lease ' || l.msg_id || '/' || l.number FROM listed l JOIN truth t USING (msg_id, number)
+          WHERE l.lease IS DISTINCT FROM t.lease
          ORDER BY 1",
         &[&queues],
     )

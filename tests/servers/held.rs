@@ -218,3 +218,88 @@ fn a_set_sized_by_its_setting_overflows_and_is_rebuilt_once_the_claims_fit() {
     assert_eq!(allocated, 0, "no shared memory for it");
     assert!(claimed.iter().all(|m| ack(&mut c, m)));
 }
+
+/// The set keeps each claim's lease as the row has it: granted by the claim, set by a renewal
+/// at its commit (not by one rolled back, whole or to a savepoint), and ended by the exit of
+/// a session-bound claim's session. The claim's ledger row keeps what the claim granted.
+#[test]
+fn renewals_and_a_sessions_exit_set_the_leases_the_set_lists() {
+    let _turn = common::file_turn(file!());
+    let server = Server::with_pgqueue(CONF);
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('held', lease => '1 hour')").unwrap();
+    let ids = send_many(&mut c, "held", 3, "0");
+    let claimed: Vec<common::Claimed> = c
+        .query("SELECT msg_id, claim_token, attempt, priority FROM pgqueue.pgq_claim('held', 2, consumer => 'w1')", &[])
+        .unwrap()
+        .iter()
+        .map(|r| common::Claimed { id: r.get(0), token: r.get(1), attempt: r.get(2), priority: r.get(3) })
+        .collect();
+    exact(&mut c);
+    let granted = |c: &mut Client, id: i64| -> (String, Option<String>, Option<i32>) {
+        let r = c
+            .query_one(
+                "SELECT (c.lease_expires_at - c.claimed_at)::text, c.consumer, c.session_pid
+                   FROM pgqueue.claims c WHERE $1 = ANY (c.msg_ids)",
+                &[&id],
+            )
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!(granted(&mut c, ids[0]), ("01:00:00".into(), Some("w1".into()), None), "the ledger row keeps the grant");
+    let lease = |c: &mut Client, id: i64| -> (String, String) {
+        let r = c
+            .query_one(
+                "SELECT m.lease_expires_at::text, e.lease_expires_at::text
+                   FROM pgqueue.messages m JOIN pgqueue._held_entries() e USING (msg_id) WHERE m.msg_id = $1",
+                &[&id],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    fn renew(c: &mut impl postgres::GenericClient, m: &common::Claimed, lease: &str) {
+        let sql = format!("SELECT pgqueue.pgq_renew($1::bigint, $2::uuid, lease => '{lease}')");
+        assert!(c.query_one(sql.as_str(), &[&m.id, &m.token]).unwrap().get::<_, bool>(0));
+    }
+    let before = lease(&mut c, ids[0]);
+    assert_eq!(before.0, before.1);
+    renew(&mut c, &claimed[0], "2 hours");
+    let after = lease(&mut c, ids[0]);
+    assert_eq!(after.0, after.1, "renewed");
+    assert_ne!(after, before);
+    // Rolled back, whole and to a savepoint: the lease stays.
+    let mut tx = c.transaction().unwrap();
+    renew(&mut tx, &claimed[0], "3 hours");
+    tx.rollback().unwrap();
+    let mut tx = c.transaction().unwrap();
+    renew(&mut tx, &claimed[1], "4 hours");
+    let mut sp = tx.savepoint("s").unwrap();
+    renew(&mut sp, &claimed[0], "5 hours");
+    sp.rollback().unwrap();
+    tx.commit().unwrap();
+    assert_eq!(lease(&mut c, ids[0]), after);
+    let second = lease(&mut c, ids[1]);
+    assert_eq!(second.0, second.1);
+    agrees(&mut c, "held");
+
+    // A session-bound claim whose session exits: its lease ends (the orphans step, run here by
+    // hand with the worker off, so that the re-arm does not follow at once).
+    common::turn_workers_off(&mut c);
+    let mut s = server.connect("postgres");
+    let bound: i64 =
+        s.query_one("SELECT msg_id FROM pgqueue.pgq_claim('held', session_bound => true)", &[]).unwrap().get(0);
+    assert_eq!(bound, ids[2]);
+    let pid: i32 = s.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    assert_eq!(granted(&mut c, ids[2]).2, Some(pid), "and the session it is bound to");
+    drop(s);
+    wait_for("the session to exit", LIMIT, || {
+        let gone: bool =
+            c.query_one("SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)", &[&pid]).unwrap().get(0);
+        gone.then_some(())
+    });
+    let expired: i64 = c.query_one("SELECT pgqueue._expire_orphaned_claims()", &[]).unwrap().get(0);
+    assert_eq!(expired, 1);
+    let ended = lease(&mut c, ids[2]);
+    assert_eq!(ended.0, ended.1, "the lease ended by the session's exit");
+    agrees(&mut c, "held");
+}
