@@ -26,7 +26,7 @@ use std::ptr::null_mut;
 /// Databases with a set of their own.
 const SETS: usize = 8;
 
-/// A set's slots, or its log of ends, in shared memory after the header. A pointer, not a
+/// A set's slots, or its log of ends and renewals, in shared memory after the header. A pointer, not a
 /// reference: the memory is zeroed before it is set. Backends are forked from the
 /// postmaster, so shared memory has the same address in each.
 #[repr(C)]
@@ -73,7 +73,7 @@ struct Header {
 static mut HEADER: *mut Header = null_mut();
 
 /// Each set's slots: twice the claims it keeps (`pgqueue.held_set_capacity`, rounded up to a
-/// power of two); 0: no sets. Each has a log of ends as long as its capacity, so a claim
+/// power of two); 0: no sets. Each has a log of ends and renewals as long as its capacity, so a claim
 /// costs 3 slots, 72 bytes.
 fn slots() -> usize {
     match crate::guc::HELD_SET_CAPACITY.get() {
@@ -106,7 +106,7 @@ pub unsafe fn startup() {
     }
     let mut found = false;
     // SAFETY: the caller holds AddinShmemInitLock; the memory is sized by size(): the header,
-    // then each set's slots and log of ends. Zeroed, then each set made over its part.
+    // then each set's slots and log of ends and renewals. Zeroed, then each set made over its part.
     unsafe {
         let header = pg_sys::ShmemInitStruct(c"pgqueue held sets".as_ptr(), size(), &mut found) as *mut Header;
         if !found {

@@ -77,8 +77,9 @@ pub struct InFlight<S> {
     /// The rebuild under way cannot finish: a claim the set does not know of committed, or
     /// more ends than the log holds.
     spoiled: bool,
-    /// The ends (msg_id and attempt) that committed while a rebuild read the ledger: as many
-    /// as the set keeps claims, since a rebuild's read takes as long as the claims it reads.
+    /// The ends (msg_id and attempt; owner 0) and renewals (msg_id, attempt and lease end;
+    /// owner 1) that committed while a rebuild read the ledger, in order: as many as the set
+    /// keeps claims, since a rebuild's read takes as long as the claims it reads.
     ends: S,
     nends: usize,
     /// Counters for the views: takes that found no room, rebuilds refused.
@@ -247,20 +248,28 @@ impl<S: std::ops::DerefMut<Target = [Slot]>> InFlight<S> {
         if let Some(i) = self.find(msg_id).filter(|&i| self.slots[i].attempt == attempt) {
             self.remove_at(i);
         }
-        if self.rebuilding {
-            if self.nends == self.ends.len() {
-                self.spoiled = true;
-            } else {
-                self.ends[self.nends] = Slot { msg_id, attempt, owner: 0, lease_end: 0 };
-                self.nends += 1;
-            }
-        }
+        self.log(Slot { msg_id, attempt, owner: 0, lease_end: 0 });
     }
 
-    /// A lease renewed.
+    /// A renewal of `msg_id`'s `attempt` committed (or its session's exit ended its lease).
     pub fn renew(&mut self, msg_id: i64, attempt: i32, lease_end: i64) {
         if let Some(i) = self.find(msg_id).filter(|&i| self.slots[i].attempt == attempt) {
             self.slots[i].lease_end = lease_end;
+        }
+        // A rebuild may have read the lease before it (and adds the claim after).
+        self.log(Slot { msg_id, attempt, owner: 1, lease_end });
+    }
+
+    /// Remembers an end or renewal for the rebuild under way; one it cannot keep spoils it.
+    fn log(&mut self, event: Slot) {
+        if !self.rebuilding {
+            return;
+        }
+        if self.nends == self.ends.len() {
+            self.spoiled = true;
+        } else {
+            self.ends[self.nends] = event;
+            self.nends += 1;
         }
     }
 
@@ -300,7 +309,7 @@ impl<S: std::ops::DerefMut<Target = [Slot]>> InFlight<S> {
     }
 
     /// The tick read `live` (committed claims not ended, as its snapshot saw them): adds them
-    /// but those ended since, and makes the set exact, unless that cannot be known to be
+    /// but those ended since, with the leases renewed since, and makes the set exact, unless that cannot be known to be
     /// right; with too many to keep, the unknown range becomes the span of those it could not
     /// keep. Returns whether the set is exact.
     pub fn finish_rebuild(&mut self, epoch: u64, live: &[(i64, i32, i64)]) -> bool {
@@ -316,11 +325,12 @@ impl<S: std::ops::DerefMut<Target = [Slot]>> InFlight<S> {
         // committed since the read): the holds missing are those left out here.
         let mut left_out = None;
         for &(msg_id, attempt, lease_end) in live {
-            if self.ends[..self.nends].iter().any(|e| (e.msg_id, e.attempt) == (msg_id, attempt))
-                || self.find(msg_id).is_some()
-            {
+            let logged = || self.ends[..self.nends].iter().filter(|e| (e.msg_id, e.attempt) == (msg_id, attempt));
+            if logged().any(|e| e.owner == 0) || self.find(msg_id).is_some() {
                 continue;
             }
+            // The last renewal since the read, if any.
+            let lease_end = logged().last().map_or(lease_end, |e| e.lease_end);
             if self.len == self.capacity() {
                 left_out =
                     Some(left_out.map_or((msg_id, msg_id), |(lo, hi): (i64, i64)| (lo.min(msg_id), hi.max(msg_id))));

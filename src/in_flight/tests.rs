@@ -486,6 +486,31 @@ fn leases_end_by_renewal() {
     assert_eq!(set.expired(200), vec![(1, 1)]);
 }
 
+/// A renewal (or a lease ended by a session's exit) that commits while a rebuild reads the
+/// ledger reaches the claim the rebuild adds, whose lease it read before; an end beside it
+/// still keeps the claim out.
+#[test]
+fn a_rebuild_keeps_the_leases_renewed_while_it_read() {
+    let mut set = set_of(16);
+    let epoch = set.begin_rebuild().unwrap();
+    set.renew(1, 1, 300);
+    set.renew(1, 1, 400);
+    set.renew(2, 1, 300);
+    set.end(2, 1);
+    set.renew(3, 2, 300); // another attempt than the one read
+    assert!(set.finish_rebuild(epoch, &[(1, 1, 100), (2, 1, 100), (3, 1, 100)]));
+    let mut entries: Vec<_> = set.entries().map(|(id, attempt, _, lease)| (id, attempt, lease)).collect();
+    entries.sort_unstable();
+    assert_eq!(entries, [(1, 1, 400), (3, 1, 100)]);
+    // More renewals than the log keeps spoil the rebuild.
+    set.forget(1);
+    let epoch = set.begin_rebuild().unwrap();
+    for lease in 0..=set.capacity() as i64 {
+        set.renew(1, 1, lease);
+    }
+    assert!(!set.finish_rebuild(epoch, &[]));
+}
+
 /// What the set may not know it stops vouching for: a claim or end prepared (`forget`), a
 /// claim it still listed that the rows had free (`hold_unrecorded`, while shadowed),
 /// everything when the extension is created again or ledger rows are written around the API
