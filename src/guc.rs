@@ -49,7 +49,7 @@ pub fn init(preloading: bool) {
         int(
             c"pgqueue.held_set_capacity",
             c"Claims through the claim ledger that each database's held set keeps in shared memory.",
-            c"Rounded up to a power of two; 72 bytes a claim, for each of 8 databases. Beyond it claims are asked about in the ledger; 0: no held set.",
+            c"Rounded up to a power of two; 72 bytes a claim, for each of 8 databases. Past it the set stops vouching for the claims it has no room for; 0: no held set.",
             &HELD_SET_CAPACITY,
             (0, 4_194_304),
             Postmaster,
