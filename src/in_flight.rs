@@ -330,7 +330,7 @@ impl<S: std::ops::DerefMut<Target = [Slot]>> InFlight<S> {
                 continue;
             }
             // The last renewal since the read, if any.
-            let lease_end = logged().last().map_or(lease_end, |e| e.lease_end);
+            let lease_end = logged().next_back().map_or(lease_end, |e| e.lease_end);
             if self.len == self.capacity() {
                 left_out =
                     Some(left_out.map_or((msg_id, msg_id), |(lo, hi): (i64, i64)| (lo.min(msg_id), hi.max(msg_id))));
