@@ -182,12 +182,25 @@ pub fn queue_with_old_history(c: &mut Client, rows: i64) -> (String, String) {
     (q, part)
 }
 
+/// `pgq_prune` of `q`, in a transaction of its own. Under the default lock timeout (10 ms) a
+/// transaction of another test in the same cluster can make it `blocked` (a read of history by
+/// msg_id alone locks every queue's partitions): unless the test set a timeout of its own, the
+/// prune waits up to 60 s for its locks.
 pub fn prune(c: &mut Client, q: &str) -> Vec<(String, String, i64)> {
-    c.query("SELECT target, outcome, rows FROM pgqueue.pgq_prune($1)", &[&q])
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute(
+        "SELECT set_config('pgqueue.prune_lock_timeout', '60s', true)
+          WHERE current_setting('pgqueue.prune_lock_timeout') = '10ms'",
+    )
+    .unwrap();
+    let rows = tx
+        .query("SELECT target, outcome, rows FROM pgqueue.pgq_prune($1)", &[&q])
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect()
+        .collect();
+    tx.commit().unwrap();
+    rows
 }
 
 /// Which file of a grouped test binary (tests/README.md) has the cluster, and how many of

@@ -246,13 +246,8 @@ fn a_large_partition_is_counted_exactly_and_freed_in_steps() {
     // Read once first: the prune's own count then sets no hint bits, so nothing of the
     // partition is unwritten when its commit frees it (a checkpoint by another test meanwhile
     // could write them out just then).
-    // The longest lock wait: another test's transaction may hold every history partition
-    // for a while (a read of history by msg_id without a queue locks them all).
-    c.batch_execute(&format!(
-        "SELECT count(*) FROM pgqueue.\"{part}\"; CHECKPOINT; SET client_min_messages = debug1;
-         SET pgqueue.prune_lock_timeout = '60s'"
-    ))
-    .unwrap();
+    c.batch_execute(&format!("SELECT count(*) FROM pgqueue.\"{part}\"; CHECKPOINT; SET client_min_messages = debug1"))
+        .unwrap();
     notices.lock().unwrap().clear();
     assert_eq!(prune(&mut c, &q), vec![(part.clone(), "pruned".to_string(), 50_000)]);
     c.batch_execute("RESET client_min_messages").unwrap();
