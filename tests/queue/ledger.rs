@@ -207,6 +207,9 @@ fn fencing_raises_xx000_and_changes_nothing_where_the_ledger_vouches_for_a_claim
         let q = new_queue(&mut c, "");
         send_many(&mut c, &q, 1, "0");
         let m = claim_one(&mut c, &q, None);
+        // In one transaction with the uncounting below: committed in between, the claim's
+        // ledger row would be no one's, and another test's prune of the ledger could delete it.
+        c.batch_execute("BEGIN").unwrap();
         assert!(
             c.query_one("SELECT pgqueue.pgq_nack($1, $2, retry_in => '1 hour')", &[&m.id, &m.token])
                 .unwrap()
@@ -216,6 +219,7 @@ fn fencing_raises_xx000_and_changes_nothing_where_the_ledger_vouches_for_a_claim
         assert!(!took(&mut c, sql, m.id, m.token).unwrap(), "{name}: the nacked claim's token, refused");
         // The end uncounted by hand (as a release forgetting to count one would leave it).
         c.execute("UPDATE pgqueue.message_rows SET claims_ended = 0 WHERE msg_id = $1", &[&m.id]).unwrap();
+        c.batch_execute("COMMIT").unwrap();
         assert_eq!(ledger_disagreements(&mut c, &[&q]), [m.id]);
         let before = message(&mut c, m.id);
         assert_eq!(sqlstate(took(&mut c, sql, m.id, m.token)), "XX000", "{name}: the ledger vouches, the row does not");
