@@ -17,7 +17,6 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 };
 use pgrx::prelude::*;
 use pgrx::{AnyArray, Uuid};
-use std::ffi::CStr;
 
 /// Where a claim starts (also `legacy::_claim_start`).
 pub struct Start {
@@ -247,18 +246,17 @@ static PICK_FROM: Statement = Statement {
 macro_rules! claim_with_ledger {
     ($granted:literal, $values:literal) => {
         Statement {
-            sql: match CStr::from_bytes_with_nul(
-                concat!(
-                    "WITH taken AS (
+            sql: crate::statement::text(concat!(
+                "WITH taken AS (
                SELECT m.msg_id, m.claims_ended + 1 AS number FROM pgqueue.messages m WHERE m.msg_id = ANY ($1)
            ), ledger AS (
                INSERT INTO pgqueue.claims (queue, msg_ids, claim_numbers, claimed_at",
-                    $granted,
-                    ")
+                $granted,
+                ")
                SELECT $7, pg_catalog.array_agg(t.msg_id ORDER BY t.msg_id),
                       pg_catalog.array_agg(t.number ORDER BY t.msg_id), $2",
-                    $values,
-                    "
+                $values,
+                "
                  FROM taken t
                RETURNING claim_id
            )
@@ -273,12 +271,7 @@ macro_rules! claim_with_ledger {
             WHERE m.msg_id = ANY ($1)
            RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
                      m.enqueued_at, m.lease_expires_at, m.claims_ended + 1\0"
-                )
-                .as_bytes(),
-            ) {
-                Ok(sql) => sql,
-                Err(_) => panic!("one NUL, at the end"),
-            },
+            )),
             args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
         }
     };

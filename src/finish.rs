@@ -7,7 +7,6 @@ use crate::statement::{Statement, has_column};
 use pgrx::AnyArray;
 use pgrx::pg_sys::{self, INT8ARRAYOID, JSONBARRAYOID, TEXTOID, UUIDARRAYOID};
 use pgrx::prelude::*;
-use std::ffi::CStr;
 
 /// With claim tokens, only the claims still held under them move (the fence); without
 /// (NULL), the given messages move. With a queue ($5), only that queue's messages move (a
@@ -28,8 +27,7 @@ use std::ffi::CStr;
 macro_rules! to_history {
     ($held:expr, $cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal, $ended:literal) => {
         Statement {
-            sql: match CStr::from_bytes_with_nul(
-                concat!(
+            sql: crate::statement::text(concat!(
                     "WITH gone AS (
                DELETE FROM pgqueue.messages m
                 USING unnest($1, $2, $6) AS u(id, token, result)
@@ -80,12 +78,7 @@ macro_rules! to_history {
            )
            SELECT g.msg_id, g.outcome, g.has_dependents, g.after IS NOT NULL, g.ended
              FROM gone g WHERE (SELECT count(*) FROM noted) >= 0 ORDER BY g.msg_id\0"
-                )
-                .as_bytes(),
-            ) {
-                Ok(sql) => sql,
-                Err(_) => panic!("a statement's text has a NUL"),
-            },
+                )),
             args: &[INT8ARRAYOID, UUIDARRAYOID, TEXTOID, TEXTOID, TEXTOID, JSONBARRAYOID],
         }
     };

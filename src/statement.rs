@@ -30,6 +30,15 @@ pub fn has_relation(name: &CStr) -> bool {
     }
 }
 
+/// A statement's text put together by `concat!` (ending in `\0`), as a `CStr`, at compile
+/// time: for statements that differ by layout (finish.rs, claim.rs).
+pub const fn text(sql: &'static str) -> &'static CStr {
+    match CStr::from_bytes_with_nul(sql.as_bytes()) {
+        Ok(sql) => sql,
+        Err(_) => panic!("a statement's text has a NUL, or does not end in one"),
+    }
+}
+
 /// A statement and its argument types; a `static`, whose address names its kept plan.
 pub struct Statement {
     pub sql: &'static CStr,
