@@ -38,8 +38,8 @@ LANGUAGE c IMMUTABLE PARALLEL SAFE AS 'MODULE_PATHNAME', '_message_ok_wrapper';
 -- their parents completed) or claimed.
 -- Completed, dead-lettered and cancelled messages move to pgqueue.history.
 -- fillfactor leaves room on each page so that lease renewals stay HOT updates.
--- Users read it as the view pgqueue.messages (below), so that a later release can keep a
--- claim's lease outside the row without changing what they see. Its sequence, key and
+-- Users read it as the view pgqueue.messages (sql/stats.sql), which also shows the claims
+-- the claim ledger holds on rows a claim left as they were (step 3b of the write path). Its sequence, key and
 -- index names are those of 0.19 and earlier, when the table itself was pgqueue.messages.
 CREATE TABLE pgqueue.message_rows (
     msg_id           bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME pgqueue.messages_msg_id_seq)
@@ -102,16 +102,6 @@ CREATE INDEX messages_claimed_idx ON pgqueue.message_rows (msg_id)
 -- messages_claimed_idx, whose dead entries behind a pinned horizon the planner cannot see.
 CREATE INDEX messages_session_idx ON pgqueue.message_rows (session_pid)
     WHERE session_pid IS NOT NULL;
-
--- What users read and what the library's own statements name (they run against 0.19's SQL
--- too, until ALTER EXTENSION UPDATE, where pgqueue.messages is the table): one row per
--- message waiting or claimed, today exactly the table's rows and columns, so it can be
--- updated and locked through.
-CREATE VIEW pgqueue.messages AS
-SELECT msg_id, queue, state, priority, attempt, payload, headers, enqueued_at, visible_at, claim_token,
-       claimed_at, consumer, lease_expires_at, last_error, session_pid, session_started, dedup_key,
-       cancel_requested_at, progress, after, has_dependents, park_key, park_until, claims_ended
-  FROM pgqueue.message_rows;
 
 -- The claim ledger (docs/design/write-path.md, steps 2 and 3), written while
 -- pgqueue.claim_ledger is on: one row per claim call, naming the messages it took and, for

@@ -1,3 +1,28 @@
+-- What users read: one row per message waiting or claimed. A claim through the claim ledger
+-- may leave its message's row as it was (step 3b of the write path, docs/design/write-path.md):
+-- the message is then claimed by the ledger entry numbered claims_ended + 1 of a 'ready' row,
+-- shown with that claim's state, attempt, token, time, consumer and session; a lease the row
+-- has (a renewal) is the one in force, else the claim's. A hash join with the ledger's entries,
+-- which are about as many as the messages claimed. Not updatable (0.24.0 on): the library
+-- writes pgqueue.message_rows, and until ALTER EXTENSION UPDATE from 0.19 or earlier this name
+-- is that table.
+CREATE VIEW pgqueue.messages AS
+SELECT r.msg_id, r.queue, CASE WHEN e.claim_id IS NULL THEN r.state ELSE 'claimed' END AS state, r.priority,
+       r.attempt + (e.claim_id IS NOT NULL)::integer AS attempt, r.payload, r.headers, r.enqueued_at, r.visible_at,
+       coalesce(r.claim_token,
+                pgqueue._claim_token((SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                     e.claim_id, r.msg_id, e.number)) AS claim_token,
+       coalesce(r.claimed_at, e.claimed_at) AS claimed_at, coalesce(r.consumer, e.consumer) AS consumer,
+       coalesce(r.lease_expires_at, e.lease_expires_at) AS lease_expires_at, r.last_error,
+       coalesce(r.session_pid, e.session_pid) AS session_pid,
+       coalesce(r.session_started, e.session_started) AS session_started, r.dedup_key,
+       r.cancel_requested_at, r.progress, r.after, r.has_dependents, r.park_key, r.park_until, r.claims_ended
+  FROM pgqueue.message_rows r
+  LEFT JOIN (SELECT c.claim_id, c.queue, u.msg_id, u.number, c.claimed_at, c.lease_expires_at, c.consumer, c.session_pid,
+                    c.session_started
+               FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS u(msg_id, number)) e
+         ON r.state = 'ready' AND e.queue = r.queue AND e.msg_id = r.msg_id AND e.number = r.claims_ended + 1;
+
 -- Metrics, shaped for Prometheus' postgres_exporter: one row per queue.
 CREATE VIEW pgqueue.queue_stats AS
 SELECT q.queue,
@@ -26,7 +51,7 @@ SELECT q.queue,
                   AS oldest_expired_lease,
               count(*) FILTER (WHERE m.state = 'pending') AS pending,
               count(*) FILTER (WHERE m.state = 'parked') AS parked
-         FROM pgqueue.message_rows m
+         FROM pgqueue.messages m
         WHERE m.queue = q.queue) c;
 
 -- Every message, waiting, claimed or finished: one place to look a job up (by msg_id, which
@@ -36,7 +61,7 @@ CREATE VIEW pgqueue.jobs AS
 SELECT m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at, m.visible_at,
        m.claimed_at, m.consumer, m.lease_expires_at, NULL::timestamptz AS finished_at, m.last_error, m.dedup_key,
        m.progress, NULL::jsonb AS result, m.after, m.park_key, m.park_until
-  FROM pgqueue.message_rows m
+  FROM pgqueue.messages m
  UNION ALL
 SELECT h.msg_id, h.queue, h.outcome, h.priority, h.attempt, h.payload, h.headers, h.enqueued_at, NULL, NULL,
        NULL, NULL, h.finished_at, h.last_error, NULL, h.progress, h.result, h.after, NULL, NULL

@@ -4,9 +4,10 @@
 //! delayed messages may be due.
 
 use crate::dispatch::DUE_NEVER;
+use crate::on_rows;
 use crate::pending::{self, Kind, Note};
 use crate::queue_state::{self, Key, State};
-use crate::statement::Statement;
+use crate::statement::{OnRows, Statement};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::{
     self, BOOLOID, INT2OID, INT4OID, INT8ARRAYOID, INT8OID, INTERVALOID, JSONBARRAYOID, TEXTOID, TIMESTAMPTZOID,
@@ -214,14 +215,12 @@ static QUEUE_OR_ERROR: Statement =
     Statement { sql: c"SELECT q.lease, q.paused FROM pgqueue._queue($1) q", args: &[TEXTOID] };
 static PROMOTE: Statement = Statement { sql: c"SELECT pgqueue._promote_due($1, 1000)", args: &[TEXTOID] };
 /// Without hints: from the start of the queue's claimable rows.
-static PICK: Statement = Statement {
-    sql: c"SELECT m.msg_id, m.priority FROM pgqueue.messages m
-            WHERE m.queue = $1 AND m.state = 'ready'
-            ORDER BY m.priority DESC, m.msg_id
-            LIMIT $2
-              FOR UPDATE SKIP LOCKED",
-    args: &[TEXTOID, INT4OID],
-};
+static PICK: OnRows = on_rows!(&[TEXTOID, INT4OID];
+    "SELECT m.msg_id, m.priority FROM ", ROWS, " m
+      WHERE m.queue = $1 AND m.state = 'ready'
+      ORDER BY m.priority DESC, m.msg_id
+      LIMIT $2
+        FOR UPDATE SKIP LOCKED");
 /// From a priority's hint, each row handed to one claim (_take raises the hint past it
 /// before this claim locks it), passing over what others took. The plan must read the ready
 /// index in order and stop at its LIMIT (see pgq_claim's settings). The priority is bounded
@@ -229,15 +228,13 @@ static PICK: Statement = Statement {
 /// and the primary key gives that too, walking past every row at or above the hint that is
 /// not ready (delayed, claimed, other queues', dead versions), which the planner, seeing one
 /// queue of ready rows, may think cheaper. Bounded, only the ready index gives the order.
-static PICK_FROM: Statement = Statement {
-    sql: c"SELECT m.msg_id FROM pgqueue.messages m
-            WHERE m.queue = $1 AND m.state = 'ready' AND m.priority >= $2 AND m.priority <= $2
-              AND m.msg_id >= $3 AND pgqueue._take($1, $2, $4, m.msg_id)
-            ORDER BY m.priority DESC, m.msg_id
-            LIMIT $5
-              FOR UPDATE SKIP LOCKED",
-    args: &[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID],
-};
+static PICK_FROM: OnRows = on_rows!(&[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID];
+    "SELECT m.msg_id FROM ", ROWS, " m
+      WHERE m.queue = $1 AND m.state = 'ready' AND m.priority >= $2 AND m.priority <= $2
+        AND m.msg_id >= $3 AND pgqueue._take($1, $2, $4, m.msg_id)
+      ORDER BY m.priority DESC, m.msg_id
+      LIMIT $5
+        FOR UPDATE SKIP LOCKED");
 /// Claims the picked rows and writes the call's claim ledger row (`pgqueue.claims`): the rows'
 /// claim numbers (`claims_ended` + 1), read from the rows this claim holds locked, and their
 /// tokens, which name the ledger row (ledger.rs). One statement, as before the ledger.
@@ -248,7 +245,7 @@ macro_rules! claim_with_ledger {
         Statement {
             sql: crate::statement::text(concat!(
                 "WITH taken AS (
-               SELECT m.msg_id, m.claims_ended + 1 AS number FROM pgqueue.messages m WHERE m.msg_id = ANY ($1)
+               SELECT m.msg_id, m.claims_ended + 1 AS number FROM pgqueue.message_rows m WHERE m.msg_id = ANY ($1)
            ), ledger AS (
                INSERT INTO pgqueue.claims (queue, msg_ids, claim_numbers, claimed_at",
                 $granted,
@@ -260,7 +257,7 @@ macro_rules! claim_with_ledger {
                  FROM taken t
                RETURNING claim_id
            )
-           UPDATE pgqueue.messages m
+           UPDATE pgqueue.message_rows m
               SET state = 'claimed', attempt = m.attempt + 1,
                   claim_token = pgqueue._claim_token(
                       (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
@@ -282,16 +279,15 @@ static CLAIM_0_22: Statement = claim_with_ledger!("", "");
 /// The same without the ledger (`pgqueue.claim_ledger` off, the default, or a database still
 /// running 0.21's SQL or earlier until ALTER EXTENSION UPDATE, whose fencing counts claims
 /// otherwise): random tokens ($7, the queue, unused).
-static CLAIM_WITHOUT_LEDGER: Statement = Statement {
-    sql: c"UPDATE pgqueue.messages m
-              SET state = 'claimed', claim_token = pg_catalog.gen_random_uuid(), attempt = m.attempt + 1,
-                  claimed_at = $2, lease_expires_at = $2 + $3, consumer = $4,
-                  session_pid = $5, session_started = $6
-            WHERE m.msg_id = ANY ($1)
-           RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
-                     m.enqueued_at, m.lease_expires_at",
-    args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
-};
+static CLAIM_WITHOUT_LEDGER: OnRows = on_rows!(
+    &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID];
+    "UPDATE ", ROWS, " m
+        SET state = 'claimed', claim_token = pg_catalog.gen_random_uuid(), attempt = m.attempt + 1,
+            claimed_at = $2, lease_expires_at = $2 + $3, consumer = $4,
+            session_pid = $5, session_started = $6
+      WHERE m.msg_id = ANY ($1)
+     RETURNING m.msg_id, m.claim_token, m.attempt, m.priority, m.payload, m.headers,
+               m.enqueued_at, m.lease_expires_at");
 static BACKEND_START: Statement =
     Statement { sql: c"SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity($1) a", args: &[INT4OID] };
 static DEADLINE: Statement = Statement { sql: c"SELECT pg_catalog.clock_timestamp() + $1", args: &[INTERVALOID] };
@@ -416,7 +412,7 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
 /// Locks up to `qty` claimable rows, highest priority first, FIFO within a priority.
 fn pick(queue: &str, s: &Start, qty: i32) -> Vec<i64> {
     let Some(hints) = &s.hints else {
-        let rows = PICK.run(&[queue.into_datum(), qty.into_datum()]);
+        let rows = PICK.get().run(&[queue.into_datum(), qty.into_datum()]);
         let picked: Vec<(i64, i16)> =
             (0..rows.len()).filter_map(|r| Some((rows.get::<i64>(r, 1)?, rows.get::<i16>(r, 2)?))).collect();
         // Held now: noted for a rollback before anything else can fail (as `_take` does).
@@ -429,7 +425,7 @@ fn pick(queue: &str, s: &Start, qty: i32) -> Vec<i64> {
     for &(priority, from) in hints {
         let want = qty - picked.len() as i32;
         HANDED_NOW.with_borrow_mut(Vec::clear);
-        let rows = PICK_FROM.run(&[
+        let rows = PICK_FROM.get().run(&[
             queue.into_datum(),
             priority.into_datum(),
             from.into_datum(),
@@ -470,7 +466,7 @@ fn claim_picked(
     let statement = match ledger {
         true if crate::statement::has_column(c"claims", c"lease_expires_at") => &CLAIM,
         true => &CLAIM_0_22,
-        false => &CLAIM_WITHOUT_LEDGER,
+        false => CLAIM_WITHOUT_LEDGER.get(),
     };
     let args = [
         picked.to_vec().into_datum(),

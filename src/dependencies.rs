@@ -13,7 +13,8 @@
 //! `pgq_tick()` does without preloading, and what finds a child whose hand-over was lost.
 
 use crate::finish::{self, Moved};
-use crate::statement::Statement;
+use crate::on_rows;
+use crate::statement::{OnRows, Statement};
 use pgrx::pg_sys::{self, BOOLOID, INT4OID, INT8ARRAYOID, INT8OID, TEXTARRAYOID};
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
@@ -61,9 +62,9 @@ static FOLLOW: Statement = Statement {
 /// The links are read from the highest parent down, and the first
 /// that holds the child back ends the read: parents are acked in about the order they were
 /// sent, so in a fan-in the one just acked is rarely the last, and the highest still waits.
-static RELEASE: Statement = Statement {
-    sql: c"WITH done AS (
-               SELECT m.msg_id FROM pgqueue.messages m
+static RELEASE: OnRows = on_rows!(&[INT8ARRAYOID, BOOLOID];
+    "WITH done AS (
+               SELECT m.msg_id FROM ", ROWS, " m
                 WHERE m.msg_id = ANY ($1) AND m.state = 'pending'
                   AND (NOT $2 OR EXISTS (SELECT FROM pgqueue.dependencies d WHERE d.child = m.msg_id))
                   AND (SELECT d.parent FROM pgqueue.dependencies d
@@ -74,7 +75,7 @@ static RELEASE: Statement = Statement {
                 ORDER BY m.msg_id
                   FOR NO KEY UPDATE SKIP LOCKED
            ), freed AS (
-               UPDATE pgqueue.messages m
+               UPDATE ", ROWS, " m
                   SET state = CASE WHEN m.visible_at > now() THEN 'delayed' ELSE 'ready' END,
                       visible_at = CASE WHEN m.visible_at > now() THEN m.visible_at END
                  FROM done WHERE m.msg_id = done.msg_id
@@ -84,58 +85,46 @@ static RELEASE: Statement = Statement {
                                     min(f.visible_at))
                  FROM freed f GROUP BY f.queue, f.state, f.priority
            )
-           SELECT f.msg_id FROM freed f WHERE (SELECT count(*) FROM noted) >= 0 ORDER BY f.msg_id",
-    args: &[INT8ARRAYOID, BOOLOID],
-};
+           SELECT f.msg_id FROM freed f WHERE (SELECT count(*) FROM noted) >= 0 ORDER BY f.msg_id");
 
 /// Of the pending messages $1, those with a parent that failed and a policy other than 'run':
 /// the outcome it gives them and why (by the lowest such parent).
-static FAILED: Statement = Statement {
-    sql: c"SELECT DISTINCT ON (d.child) d.child, pgqueue._child_outcome(d.on_parent_failure),
+static FAILED: OnRows = on_rows!(&[INT8ARRAYOID];
+    "SELECT DISTINCT ON (d.child) d.child, pgqueue._child_outcome(d.on_parent_failure),
                   pgqueue._parent_failed(d.parent, d.parent_outcome)
-             FROM pgqueue.dependencies d JOIN pgqueue.messages m ON m.msg_id = d.child AND m.state = 'pending'
+             FROM pgqueue.dependencies d JOIN ", ROWS, " m ON m.msg_id = d.child AND m.state = 'pending'
             WHERE d.child = ANY ($1) AND d.parent_outcome <> 'completed' AND d.on_parent_failure <> 'run'
-            ORDER BY d.child, d.parent",
-    args: &[INT8ARRAYOID],
-};
+            ORDER BY d.child, d.parent");
 
 /// Locks children about to be finished because of a failed parent, but those another
 /// transaction holds (see `cascade`).
-static LOCK_CHILDREN: Statement = Statement {
-    sql: c"SELECT m.msg_id FROM pgqueue.messages m WHERE m.msg_id = ANY ($1) ORDER BY m.msg_id
-             FOR UPDATE SKIP LOCKED",
-    args: &[INT8ARRAYOID],
-};
+static LOCK_CHILDREN: OnRows = on_rows!(&[INT8ARRAYOID];
+    "SELECT m.msg_id FROM ", ROWS, " m WHERE m.msg_id = ANY ($1) ORDER BY m.msg_id
+             FOR UPDATE SKIP LOCKED");
 
 /// Links whose child finished (it is in the history, no longer in the queue) and that its
 /// finish could not remove (see FOLLOW), at most 1,000. Only those: while a restore loads the
 /// links before the messages, every child seems gone from the queue.
-static ORPHANS: Statement = Statement {
-    sql: c"DELETE FROM pgqueue.dependencies d
+static ORPHANS: OnRows = on_rows!(&[];
+    "DELETE FROM pgqueue.dependencies d
             WHERE d.ctid = ANY (ARRAY(SELECT l.ctid FROM pgqueue.dependencies l
-                                       WHERE NOT EXISTS (SELECT FROM pgqueue.messages m WHERE m.msg_id = l.child)
+                                       WHERE NOT EXISTS (SELECT FROM ", ROWS, " m WHERE m.msg_id = l.child)
                                          AND EXISTS (SELECT FROM pgqueue.history h WHERE h.msg_id = l.child)
-                                       LIMIT 1000 FOR UPDATE SKIP LOCKED))",
-    args: &[],
-};
+                                       LIMIT 1000 FOR UPDATE SKIP LOCKED))");
 
 /// A window of pending messages after $1, at most $2.
-static PENDING: Statement = Statement {
-    sql: c"SELECT m.msg_id FROM pgqueue.messages m WHERE m.state = 'pending' AND m.msg_id > $1
-            ORDER BY m.msg_id LIMIT $2",
-    args: &[INT8OID, INT4OID],
-};
+static PENDING: OnRows = on_rows!(&[INT8OID, INT4OID];
+    "SELECT m.msg_id FROM ", ROWS, " m WHERE m.state = 'pending' AND m.msg_id > $1
+            ORDER BY m.msg_id LIMIT $2");
 
 /// Parents of $1's unfinished links that are no longer in the hot table, and how they ended
 /// ('deleted' if not in history either): finished around the API (a restore, a DELETE).
-static LOST_PARENTS: Statement = Statement {
-    sql: c"SELECT p.parent,
+static LOST_PARENTS: OnRows = on_rows!(&[INT8ARRAYOID];
+    "SELECT p.parent,
                   coalesce((SELECT h.outcome FROM pgqueue.history h WHERE h.msg_id = p.parent LIMIT 1), 'deleted')
              FROM (SELECT DISTINCT d.parent FROM pgqueue.dependencies d
                     WHERE d.child = ANY ($1) AND d.parent_outcome IS NULL
-                      AND NOT EXISTS (SELECT FROM pgqueue.messages p WHERE p.msg_id = d.parent)) p",
-    args: &[INT8ARRAYOID],
-};
+                      AND NOT EXISTS (SELECT FROM ", ROWS, " p WHERE p.msg_id = d.parent)) p");
 
 /// Children to finish because of a failed parent: by (outcome, error), their ids.
 type Failing = BTreeMap<(String, String), Vec<i64>>;
@@ -155,7 +144,7 @@ fn cascade(mut work: VecDeque<Moved>, mut failing: Failing) {
         if !failing.is_empty() {
             let mut doomed: Vec<i64> = failing.values().flatten().copied().collect();
             doomed.sort_unstable();
-            let rows = LOCK_CHILDREN.run(&[doomed.into_datum()]);
+            let rows = LOCK_CHILDREN.get().run(&[doomed.into_datum()]);
             let locked: HashSet<i64> = (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
             drop(rows);
             for ((fate, error), children) in std::mem::take(&mut failing) {
@@ -210,7 +199,7 @@ fn cascade(mut work: VecDeque<Moved>, mut failing: Failing) {
 /// Of the pending messages `ids`, those with a failed parent whose policy is not 'run': what
 /// becomes of them and why (the lowest such parent's).
 fn failing_among(ids: &[i64]) -> Failing {
-    let rows = FAILED.run(&[ids.to_vec().into_datum()]);
+    let rows = FAILED.get().run(&[ids.to_vec().into_datum()]);
     let mut failing = Failing::new();
     for r in 0..rows.len() {
         if let (Some(child), Some(fate), Some(error)) =
@@ -225,7 +214,7 @@ fn failing_among(ids: &[i64]) -> Failing {
 /// Releases those of `candidates` whose parents are all done; returns them, sorted.
 /// With `linked_only`, a candidate without any link waits (see RELEASE).
 fn release(candidates: &[i64], linked_only: bool) -> Vec<i64> {
-    let rows = RELEASE.run(&[candidates.to_vec().into_datum(), linked_only.into_datum()]);
+    let rows = RELEASE.get().run(&[candidates.to_vec().into_datum(), linked_only.into_datum()]);
     (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect()
 }
 
@@ -259,7 +248,7 @@ pub fn check_pending(window: Option<i32>, collect: bool) -> i64 {
     Spi::connect_mut(|_| {
         let mut released = 0;
         if collect {
-            drop(ORPHANS.run(&[]));
+            drop(ORPHANS.get().run(&[]));
         }
         let (handed, lost) = take_handed();
         if !handed.is_empty() {
@@ -274,13 +263,13 @@ pub fn check_pending(window: Option<i32>, collect: bool) -> i64 {
             CURSOR.set(0);
         }
         loop {
-            let rows = PENDING.run(&[CURSOR.get().into_datum(), max_rows.into_datum()]);
+            let rows = PENDING.get().run(&[CURSOR.get().into_datum(), max_rows.into_datum()]);
             let ids: Vec<i64> = (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
             drop(rows);
             let full = ids.len() >= max_rows as usize;
             CURSOR.set(if full { *ids.last().unwrap_or(&0) } else { 0 });
             if !ids.is_empty() {
-                let found = LOST_PARENTS.run(&[ids.clone().into_datum()]);
+                let found = LOST_PARENTS.get().run(&[ids.clone().into_datum()]);
                 let parents: Vec<(i64, String)> = (0..found.len())
                     .filter_map(|r| Some((found.get::<i64>(r, 1)?, found.get::<String>(r, 2)?)))
                     .collect();

@@ -25,11 +25,13 @@ use pgrx::prelude::*;
 /// Earlier releases' tables lack columns: `$progress`, `$dependents` and `$after` read the
 /// message's, and `$kept` and `$values` the history's extra columns, as the layout has them.
 macro_rules! to_history {
-    ($held:expr, $cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal, $ended:literal) => {
+    ($table:literal, $held:expr, $cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal, $ended:literal) => {
         Statement {
             sql: crate::statement::text(concat!(
                     "WITH gone AS (
-               DELETE FROM pgqueue.messages m
+               DELETE FROM ",
+                    $table,
+                    " m
                 USING unnest($1, $2, $6) AS u(id, token, result)
                 WHERE m.msg_id = u.id AND ($2 IS NULL OR ",
                     $held,
@@ -92,11 +94,12 @@ macro_rules! held_by_row {
 /// The statement on the tables of 0.17.0 and later (dependencies, results, progress), with
 /// `$held`, the fence, as the release's SQL has it.
 macro_rules! to_history_since_0_17 {
-    ($held:expr) => {
-        to_history_since_0_17!($held, "NULL::integer")
+    ($table:literal, $held:expr) => {
+        to_history_since_0_17!($table, $held, "NULL::integer")
     };
-    ($held:expr, $ended:literal) => {
+    ($table:literal, $held:expr, $ended:literal) => {
         to_history!(
+            $table,
             $held,
             "m.cancel_requested_at IS NOT NULL",
             "m.progress",
@@ -112,6 +115,7 @@ macro_rules! to_history_since_0_17 {
 /// ledger issued, the ledger agrees, both ways (ledger.rs; the ledger row looked up in this
 /// statement's snapshot). Returns the number of each claim it ends (for the held set).
 static TO_HISTORY: Statement = to_history_since_0_17!(
+    "pgqueue.message_rows",
     "CASE WHEN pgqueue._token_claim(u.token) IS NULL THEN m.claim_token = u.token AND m.state = 'claimed'
           ELSE pgqueue._ledger_agrees(u.token, m.msg_id, m.claims_ended + 1,
                                       m.claim_token = u.token AND m.state = 'claimed',
@@ -124,8 +128,10 @@ static TO_HISTORY: Statement = to_history_since_0_17!(
 /// The same for a database still running an earlier release's SQL (until ALTER EXTENSION
 /// UPDATE): 0.21.0's ledger counts attempts, and only vouches for what the row holds;
 /// 0.20.0's has no claim ledger; 0.16.0's no dependencies; 0.15.0's keeps neither
-/// results nor progress; 0.14.0's messages cannot be cancelled.
+/// results nor progress; 0.14.0's messages cannot be cancelled. Those up to 0.20.0 name
+/// `pgqueue.messages` (the table until 0.19.0, a plain view of it in 0.20.0).
 static TO_HISTORY_0_21: Statement = to_history_since_0_17!(
+    "pgqueue.message_rows",
     "CASE WHEN m.claim_token IS DISTINCT FROM u.token OR m.state <> 'claimed' THEN false
           WHEN pgqueue._token_claim(u.token) IS NULL THEN true
           ELSE pgqueue._vouched(u.token, m.msg_id, m.attempt,
@@ -133,8 +139,9 @@ static TO_HISTORY_0_21: Statement = to_history_since_0_17!(
                                  EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(u.token)))
      END"
 );
-static TO_HISTORY_0_20: Statement = to_history_since_0_17!(held_by_row!());
+static TO_HISTORY_0_20: Statement = to_history_since_0_17!("pgqueue.messages", held_by_row!());
 static TO_HISTORY_0_16: Statement = to_history!(
+    "pgqueue.messages",
     held_by_row!(),
     "m.cancel_requested_at IS NOT NULL",
     "m.progress",
@@ -145,6 +152,7 @@ static TO_HISTORY_0_16: Statement = to_history!(
     "NULL::integer"
 );
 static TO_HISTORY_0_15: Statement = to_history!(
+    "pgqueue.messages",
     held_by_row!(),
     "m.cancel_requested_at IS NOT NULL",
     "NULL::jsonb",
@@ -154,8 +162,17 @@ static TO_HISTORY_0_15: Statement = to_history!(
     "",
     "NULL::integer"
 );
-static TO_HISTORY_0_14: Statement =
-    to_history!(held_by_row!(), "false", "NULL::jsonb", "false", "NULL::bigint[]", "", "", "NULL::integer");
+static TO_HISTORY_0_14: Statement = to_history!(
+    "pgqueue.messages",
+    held_by_row!(),
+    "false",
+    "NULL::jsonb",
+    "false",
+    "NULL::bigint[]",
+    "",
+    "",
+    "NULL::integer"
+);
 
 /// Which release's tables this database has, by the newest column each added: catalog cache
 /// lookups, no query, so that an ack costs the same.

@@ -41,7 +41,7 @@ mod tick_counts;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.23.0");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.24.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -108,7 +108,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.23.0".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.24.0".into())));
     }
 
     /// `\df+`, `\dv+` and `\dt+` describe every public function, every view and every table
@@ -132,10 +132,12 @@ mod tests {
         assert_eq!(internal, Ok(Some(0)));
     }
 
-    /// 0.20.0: `pgqueue.messages` is a view of the table `pgqueue.message_rows`, column for
-    /// column, that reads, updates, locks and deletes as the table did.
+    /// `pgqueue.messages` is a view of the table `pgqueue.message_rows` with its columns, which
+    /// also shows the claims of the claim ledger on rows a claim left as they were (0.24.0;
+    /// step 3b of the write path): such a row, 'ready' with a live ledger entry, reads as the
+    /// claim it was handed out as. Writes go to the table (the view is not updatable).
     #[pg_test]
-    fn messages_is_a_view_of_message_rows_that_acts_as_the_table_did() {
+    fn messages_is_a_view_of_message_rows_and_the_ledgers_claims() {
         let kinds = Spi::get_one::<String>(
             "SELECT string_agg(c.relname || ':' || c.relkind::text, ' ' ORDER BY c.relname) FROM pg_class c
               WHERE c.relnamespace = 'pgqueue'::regnamespace AND c.relname IN ('messages', 'message_rows')",
@@ -150,25 +152,41 @@ mod tests {
             .unwrap()
         };
         assert_eq!(columns("messages"), columns("message_rows"));
+        assert_eq!(
+            Spi::get_one::<bool>("SELECT pg_relation_is_updatable('pgqueue.messages', false) = 0"),
+            Ok(Some(true))
+        );
 
         Spi::run("SELECT pgqueue.pgq_create_queue('viewed')").unwrap();
         let id = Spi::get_one::<i64>("SELECT pgqueue.pgq_send('viewed', '{\"n\": 1}')").unwrap().unwrap();
         let read = |sql: &str| Spi::get_one::<String>(&sql.replace("$id", &id.to_string())).unwrap();
-        assert_eq!(
-            read("SELECT state || ' ' || payload::text FROM pgqueue.messages WHERE msg_id = $id"),
-            Some("ready {\"n\": 1}".into())
-        );
-        Spi::run(&format!("UPDATE pgqueue.messages SET headers = '{{\"h\": 2}}' WHERE msg_id = {id}")).unwrap();
-        assert_eq!(
-            read("SELECT headers::text FROM pgqueue.message_rows WHERE msg_id = $id"),
-            Some("{\"h\": 2}".into())
-        );
-        assert_eq!(
-            read("SELECT msg_id::text FROM pgqueue.messages WHERE msg_id = $id FOR UPDATE SKIP LOCKED"),
-            Some(id.to_string())
-        );
-        Spi::run(&format!("DELETE FROM pgqueue.messages WHERE msg_id = {id}")).unwrap();
-        assert_eq!(read("SELECT count(*)::text FROM pgqueue.message_rows WHERE msg_id = $id"), Some("0".into()));
+        let row = "SELECT concat_ws(' ', state, attempt, claim_token, consumer,
+                                    lease_expires_at = claimed_at + interval '1 hour', session_pid = pg_backend_pid())
+                     FROM pgqueue.messages WHERE msg_id = $id";
+        assert_eq!(read(row), Some("ready 0".into()));
+
+        // A claim through the ledger, bound to this session; then its row put back as it was.
+        Spi::run("SET LOCAL pgqueue.claim_ledger = on").unwrap();
+        let token = Spi::get_one::<pgrx::Uuid>(
+            "SELECT claim_token FROM pgqueue.pgq_claim('viewed', lease => '1 hour', consumer => 'w1', session_bound => true)",
+        )
+        .unwrap()
+        .unwrap();
+        let claimed = format!("claimed 1 {token} w1 t t");
+        assert_eq!(read(row), Some(claimed.clone()));
+        Spi::run(&format!(
+            "UPDATE pgqueue.message_rows SET state = 'ready', attempt = 0, claim_token = NULL, claimed_at = NULL,
+                    consumer = NULL, lease_expires_at = NULL, session_pid = NULL, session_started = NULL
+              WHERE msg_id = {id}"
+        ))
+        .unwrap();
+        assert_eq!(read(row), Some(claimed), "the ledger's claim, as handed out");
+        assert_eq!(read("SELECT state FROM pgqueue.jobs WHERE msg_id = $id"), Some("claimed".into()));
+        // The claim ended (claims_ended counts it): the row alone again.
+        Spi::run(&format!("UPDATE pgqueue.message_rows SET claims_ended = 1, attempt = 1 WHERE msg_id = {id}"))
+            .unwrap();
+        assert_eq!(read(row), Some("ready 1".into()));
+        assert_eq!(read("SELECT state FROM pgqueue.jobs WHERE msg_id = $id"), Some("ready".into()));
     }
 
     #[pg_test]

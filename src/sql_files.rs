@@ -27,7 +27,8 @@ pgrx::extension_sql_file!(
         reconcile::_dead_letters,
         queue_state::_shared_state,
         held::_held_set,
-        schedule::_local_time
+        schedule::_local_time,
+        ledger::_claim_token
     ]
 );
 pgrx::extension_sql_file!(

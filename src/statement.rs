@@ -39,6 +39,42 @@ pub const fn text(sql: &'static str) -> &'static CStr {
     }
 }
 
+/// A statement on the hot table in both layouts: `pgqueue.message_rows` (0.20.0 on), or
+/// `pgqueue.messages` (the table itself until ALTER EXTENSION UPDATE from 0.19 or earlier).
+/// The library names the table, not the view `pgqueue.messages` over it, so that the view can
+/// show more than the table's rows (docs/design/write-path.md, step 3b).
+pub struct OnRows {
+    pub rows: Statement,
+    pub table: Statement,
+}
+
+impl OnRows {
+    /// The statement for this database's layout (a catalog cache lookup).
+    pub fn get(&self) -> &Statement {
+        if has_relation(c"message_rows") { &self.rows } else { &self.table }
+    }
+}
+
+/// `on_rows!(args; "SELECT … FROM ", ROWS, " m …")`: an `OnRows` whose text names the hot
+/// table wherever `ROWS` stands.
+#[macro_export]
+macro_rules! on_rows {
+    ($args:expr; $($part:tt),+ $(,)?) => {
+        $crate::statement::OnRows {
+            rows: $crate::statement::Statement {
+                sql: $crate::statement::text(concat!($($crate::on_rows!(@part "pgqueue.message_rows", $part)),+, "\0")),
+                args: $args,
+            },
+            table: $crate::statement::Statement {
+                sql: $crate::statement::text(concat!($($crate::on_rows!(@part "pgqueue.messages", $part)),+, "\0")),
+                args: $args,
+            },
+        }
+    };
+    (@part $table:literal, ROWS) => { $table };
+    (@part $table:literal, $text:literal) => { $text };
+}
+
 /// A statement and its argument types; a `static`, whose address names its kept plan.
 pub struct Statement {
     pub sql: &'static CStr,

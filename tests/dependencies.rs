@@ -410,7 +410,7 @@ fn pgq_tick_releases_a_child_whose_last_parents_finished_together() {
     // A parent deleted around the API: its child follows its policy at the next tick.
     let p = send(&mut c, "fan", json!({}));
     let orphan = send_after(&mut c, "fan", &[p], "dead");
-    c.execute("DELETE FROM pgqueue.messages WHERE msg_id = $1", &[&p]).unwrap();
+    c.execute("DELETE FROM pgqueue.message_rows WHERE msg_id = $1", &[&p]).unwrap();
     c.query("SELECT * FROM pgqueue.pgq_tick()", &[]).unwrap();
     assert_eq!(history_of(&mut c, orphan)[0].result(), ("dead", 0, Some(&*format!("parent {p} was deleted"))));
 }

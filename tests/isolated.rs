@@ -569,7 +569,7 @@ fn an_ack_reads_each_finished_row_a_bounded_number_of_times() {
                    (SELECT array_agg(msg_id ORDER BY msg_id) FROM pgqueue.messages WHERE queue = $1),
                    (SELECT array_agg(claim_token ORDER BY msg_id) FROM pgqueue.messages WHERE queue = $1))";
     let finish =
-        explain_nested(&mut c, &notices, ack, &q, ["DELETE FROM pgqueue.messages", "INSERT INTO pgqueue.history"]);
+        explain_nested(&mut c, &notices, ack, &q, ["DELETE FROM pgqueue.message_rows", "INSERT INTO pgqueue.history"]);
     let read = cte_rows_read(&finish.plan);
     // The statement reads the finished rows once per use (the unique-key steps, history,
     // the shared-state note, the result); a subquery run again for each row (0.17.0 and

@@ -805,7 +805,7 @@ fn diagnose(c: &mut Client) -> (String, Vec<i64>) {
     c.batch_execute("BEGIN").unwrap();
     let free: BTreeSet<i64> = c
         .query(
-            "SELECT msg_id FROM pgqueue.messages WHERE queue = ANY($1) AND state <> 'claimed' FOR UPDATE SKIP LOCKED",
+            "SELECT msg_id FROM pgqueue.message_rows WHERE queue = ANY($1) AND state <> 'claimed' FOR UPDATE SKIP LOCKED",
             &[&queues],
         )
         .unwrap()

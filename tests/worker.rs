@@ -206,7 +206,7 @@ fn the_check_lowers_a_hint_past_a_message_held_locked_below_it() {
     c.query("SELECT * FROM pgqueue.pgq_claim($1, 2)", &[&q]).unwrap();
     // Made ready again by hand: no commit of the API lowers the hint, which stays past them.
     c.execute(
-        "UPDATE pgqueue.messages SET state = 'ready', claim_token = NULL, claimed_at = NULL, consumer = NULL,
+        "UPDATE pgqueue.message_rows SET state = 'ready', claim_token = NULL, claimed_at = NULL, consumer = NULL,
                 lease_expires_at = NULL, session_pid = NULL, session_started = NULL
           WHERE msg_id = ANY ($1)",
         &[&ids[..2].to_vec()],
@@ -214,7 +214,7 @@ fn the_check_lowers_a_hint_past_a_message_held_locked_below_it() {
     .unwrap();
     let mut holder = connect();
     let mut hold = holder.transaction().unwrap();
-    hold.query("SELECT FROM pgqueue.messages WHERE msg_id = $1 FOR UPDATE", &[&ids[0]]).unwrap();
+    hold.query("SELECT FROM pgqueue.message_rows WHERE msg_id = $1 FOR UPDATE", &[&ids[0]]).unwrap();
     let failures = stat(&mut c, "tick_failures");
     let pid = worker_backend(&mut c).expect("the worker runs");
     let (_, ticks, _) = worker_state(&mut c).unwrap();
@@ -267,7 +267,7 @@ fn a_hundred_thousand_abandoned_claims_drain_in_bounded_passes_while_live_work_f
         })
     };
     c.execute(
-        "UPDATE pgqueue.messages SET lease_expires_at = now() - interval '1 hour' WHERE queue = $1",
+        "UPDATE pgqueue.message_rows SET lease_expires_at = now() - interval '1 hour' WHERE queue = $1",
         &[&dead_fleet],
     )
     .unwrap();

@@ -745,7 +745,7 @@ impl System {
 
     /// The table its messages are in: for pgqueue the one behind the view pgqueue.messages
     /// (0.20.0 on) or, in earlier releases, that table itself.
-    fn table(self, c: &mut Client) -> String {
+    fn table(self, c: &mut impl postgres::GenericClient) -> String {
         match self {
             System::Pgqueue => c
                 .query_one(
@@ -2097,8 +2097,11 @@ impl Bench {
         // its forced pass (the prune cadence, a minute by default). What a renewal tells it at
         // commit (the earliest lease end) tells it here that they have ended.
         let mut tx = c.transaction().unwrap();
+        let table = System::Pgqueue.table(&mut tx);
         tx.execute(
-            "UPDATE pgqueue.messages SET lease_expires_at = now() - interval '1 s' WHERE queue = 'bench' AND state = 'claimed'",
+            &format!(
+                "UPDATE {table} SET lease_expires_at = now() - interval '1 s' WHERE queue = 'bench' AND state = 'claimed'"
+            ),
             &[],
         )
         .unwrap();
@@ -2733,7 +2736,8 @@ impl Bench {
         let burst_ms = t.elapsed().as_secs_f64() * 1000.0;
 
         self.say(&format!("schedules: live worker for {:?}", s.schedules_for));
-        c.batch_execute("DELETE FROM pgqueue.messages WHERE queue = 'bench'").unwrap();
+        let table = System::Pgqueue.table(&mut c);
+        c.batch_execute(&format!("DELETE FROM {table} WHERE queue = 'bench'")).unwrap();
         // From the next slot on: every 5 s the due schedules fire together.
         c.batch_execute(
             "UPDATE pgqueue.schedules SET next_run = (SELECT pgqueue._cron_next(cron, 'UTC', now(), 1))

@@ -360,7 +360,7 @@ fn nack_retries_then_dead_letters() {
     assert_eq!(row.get::<_, String>(2), "boom", "the last error is kept");
     // Make it due now, claim the last attempt, nack: dead letter. The UPDATE goes around the
     // API, so the queue's shared state learns it at the next tick (the worker is off here).
-    c.execute("UPDATE pgqueue.messages SET visible_at = now() WHERE msg_id = $1", &[&id]).unwrap();
+    c.execute("UPDATE pgqueue.message_rows SET visible_at = now() WHERE msg_id = $1", &[&id]).unwrap();
     c.execute("SELECT pgqueue.pgq_tick()", &[]).unwrap();
     let Claimed { token, attempt, .. } = claim(&mut c, &q, 1, None)[0];
     assert_eq!(attempt, 3);
@@ -627,7 +627,7 @@ fn state_list_matches_the_check_constraint() {
     }
     let q = new_queue(&mut c, "");
     let id = send(&mut c, &q, json!(1));
-    let bad = c.execute("UPDATE pgqueue.messages SET state = 'done' WHERE msg_id = $1", &[&id]);
+    let bad = c.execute("UPDATE pgqueue.message_rows SET state = 'done' WHERE msg_id = $1", &[&id]);
     assert_eq!(sqlstate(bad), "23514");
 }
 

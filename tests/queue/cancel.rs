@@ -105,7 +105,7 @@ fn a_claimed_message_is_cancelled_when_its_holder_stops() {
 
     // The holder never comes back: at its lease's end it is cancelled, not re-armed.
     c.execute(
-        "UPDATE pgqueue.messages SET lease_expires_at = now() - interval '1 s' WHERE msg_id = $1",
+        "UPDATE pgqueue.message_rows SET lease_expires_at = now() - interval '1 s' WHERE msg_id = $1",
         &[&by_lease.id],
     )
     .unwrap();

@@ -189,7 +189,7 @@ fn a_row_skipped_because_another_transaction_held_it_is_claimed_once_that_ends()
     for end in ["ROLLBACK", "COMMIT"] {
         let mut holder = connect();
         holder.batch_execute("BEGIN").unwrap();
-        holder.execute("SELECT FROM pgqueue.messages WHERE msg_id = $1 FOR UPDATE", &[&ids[1]]).unwrap();
+        holder.execute("SELECT FROM pgqueue.message_rows WHERE msg_id = $1 FOR UPDATE", &[&ids[1]]).unwrap();
         assert!(crate::common::claim(&mut c, &q, 1, None).is_empty(), "the locked row is skipped");
         holder.batch_execute(end).unwrap();
         let next = crate::common::claim(&mut c, &q, 1, None);

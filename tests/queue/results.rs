@@ -297,7 +297,7 @@ fn every_way_a_message_finishes_wakes_its_waiters() {
     c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&claims[12].id, &claims[12].token]).unwrap();
     // The last two: their leases end and pgq_rearm dead-letters them (last attempt).
     c.execute(
-        "UPDATE pgqueue.messages SET lease_expires_at = now() - interval '1 s' WHERE msg_id = ANY ($1)",
+        "UPDATE pgqueue.message_rows SET lease_expires_at = now() - interval '1 s' WHERE msg_id = ANY ($1)",
         &[&vec![claims[13].id, claims[14].id]],
     )
     .unwrap();
