@@ -138,14 +138,14 @@ BEGIN
          WHERE m.msg_id = held.id
            AND CASE WHEN pgqueue._token_claim(held.token) IS NULL THEN m.claim_token = held.token AND m.state = 'claimed'
                     ELSE pgqueue._ledger_agrees(held.token, m.msg_id, m.claims_ended + 1,
-                                                m.claim_token = held.token AND m.state = 'claimed',
+                                                CASE WHEN m.state <> 'ready' THEN m.claim_token = held.token AND m.state = 'claimed' END,
                                                 (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                                                 EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(held.token)))
                END
            AND m.cancel_requested_at IS NULL
            AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
         RETURNING m.msg_id, m.lease_expires_at, m.claims_ended + 1 AS number,
-                  pgqueue._token_claim(m.claim_token) IS NOT NULL AS ledger
+                  pgqueue._token_claim(held.token) IS NOT NULL AS ledger
     ), noted AS (
         SELECT pgqueue._renewed(min(r.lease_expires_at)),
                pgqueue._held_renew(array_agg(r.msg_id) FILTER (WHERE r.ledger), array_agg(r.number) FILTER (WHERE r.ledger),

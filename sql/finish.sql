@@ -92,12 +92,15 @@ BEGIN
     PERFORM pgqueue._require(msg_id, 'msg_id');
     PERFORM pgqueue._require(claim_token, 'claim_token');
     PERFORM pgqueue._check_delay(retry_in, 'retry_in');
-    SELECT m.msg_id, m.queue, m.priority, m.attempt, q.max_attempts, m.cancel_requested_at INTO h
+    -- A 'ready' row the fence holds is as a claim through the ledger left it: that claim's
+    -- attempt is one further than the row counts.
+    SELECT m.msg_id, m.queue, m.priority, m.attempt + (m.state = 'ready')::integer AS attempt, q.max_attempts,
+           m.cancel_requested_at INTO h
       FROM pgqueue.message_rows m JOIN pgqueue.queues q ON q.queue = m.queue
      WHERE m.msg_id = msg_id
        AND CASE WHEN pgqueue._token_claim(claim_token) IS NULL THEN m.claim_token = claim_token AND m.state = 'claimed'
                 ELSE pgqueue._ledger_agrees(claim_token, m.msg_id, m.claims_ended + 1,
-                                            m.claim_token = claim_token AND m.state = 'claimed',
+                                            CASE WHEN m.state <> 'ready' THEN m.claim_token = claim_token AND m.state = 'claimed' END,
                                             (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                                             EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
            END
@@ -108,13 +111,13 @@ BEGIN
     END IF;
     -- A message whose cancel was requested is not retried (_to_history records it cancelled).
     IF h.attempt >= h.max_attempts OR h.cancel_requested_at IS NOT NULL THEN
-        PERFORM pgqueue._to_history(ARRAY[msg_id], NULL, 'dead', coalesce(error, 'nacked on the last attempt'));
+        PERFORM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'dead', coalesce(error, 'nacked on the last attempt'));
         RETURN true;
     END IF;
     wait := coalesce(retry_in, pgqueue._backoff(h.attempt));
     UPDATE pgqueue.message_rows m
        SET state = CASE WHEN wait > interval '0' THEN 'delayed' ELSE 'ready' END,
-           visible_at = CASE WHEN wait > interval '0' THEN now() + wait END,
+           visible_at = CASE WHEN wait > interval '0' THEN now() + wait END, attempt = h.attempt,
            claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL, consumer = NULL,
            session_pid = NULL, session_started = NULL, last_error = coalesce(error, m.last_error),
            claims_ended = m.claims_ended + 1
@@ -162,14 +165,24 @@ BEGIN
     END IF;
     PERFORM pgqueue._check_ids(msg_ids, 'msg_ids');
     -- Locked in msg_id order (overlapping cancels cannot deadlock), after any claim or finish
-    -- under way: its outcome decides what is left to cancel.
-    SELECT coalesce(array_agg(l.msg_id) FILTER (WHERE l.state <> 'claimed'), '{}'),
-           coalesce(array_agg(l.msg_id) FILTER (WHERE l.state = 'claimed' AND l.cancel_requested_at IS NULL), '{}')
+    -- under way: its outcome decides what is left to cancel. A 'ready' row is held if a live
+    -- entry of the claim ledger holds it (a claim through the ledger leaves the row as it
+    -- was: step 3b of the write path); cancels are rare, so the ledger's rows of the queue are
+    -- read for it.
+    SELECT coalesce(array_agg(l.msg_id) FILTER (WHERE NOT l.held), '{}'),
+           coalesce(array_agg(l.msg_id) FILTER (WHERE l.held AND l.cancel_requested_at IS NULL), '{}')
       INTO waiting, running
-      FROM (SELECT m.msg_id, m.state, m.cancel_requested_at FROM pgqueue.message_rows m
+      FROM (SELECT m.msg_id, m.cancel_requested_at,
+                   m.state = 'claimed'
+                   OR (m.state = 'ready'
+                       AND EXISTS (SELECT FROM pgqueue.claims c
+                                    WHERE c.queue = m.queue
+                                      AND c.claim_numbers[pg_catalog.array_position(c.msg_ids, m.msg_id)]
+                                          = m.claims_ended + 1)) AS held
+              FROM pgqueue.message_rows m
              WHERE m.msg_id = ANY (msg_ids) AND (queue IS NULL OR m.queue = queue)
              ORDER BY m.msg_id
-               FOR UPDATE) l;
+               FOR UPDATE OF m) l;
     UPDATE pgqueue.message_rows m SET cancel_requested_at = now(), last_error = coalesce(reason, m.last_error)
      WHERE m.msg_id = ANY (running);
     RETURN QUERY

@@ -73,7 +73,7 @@ BEGIN
      WHERE m.msg_id = msg_id
        AND CASE WHEN pgqueue._token_claim(claim_token) IS NULL THEN m.claim_token = claim_token AND m.state = 'claimed'
                 ELSE pgqueue._ledger_agrees(claim_token, m.msg_id, m.claims_ended + 1,
-                                            m.claim_token = claim_token AND m.state = 'claimed',
+                                            CASE WHEN m.state <> 'ready' THEN m.claim_token = claim_token AND m.state = 'claimed' END,
                                             (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                                             EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
            END
@@ -87,7 +87,7 @@ BEGIN
             'message %s has headers that are not a JSON object: it cannot be parked', msg_id));
     END IF;
     IF h.cancel_requested_at IS NOT NULL THEN
-        PERFORM pgqueue._to_history(ARRAY[msg_id], NULL, 'cancelled', NULL);
+        PERFORM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'cancelled', NULL);
         RETURN true;
     END IF;
     -- After the message: a signal locks the key's row, then the messages parked on it.
@@ -101,7 +101,8 @@ BEGIN
        SET state = CASE WHEN kept.signalled THEN 'ready' ELSE 'parked' END,
            park_key = CASE WHEN NOT kept.signalled THEN key END,
            park_until = CASE WHEN NOT kept.signalled THEN now() + timeout END,
-           attempt = m.attempt - CASE WHEN kept.signalled THEN 1 ELSE 0 END,
+           -- A 'ready' row was left so by a claim through the ledger: one attempt further.
+           attempt = m.attempt + (m.state = 'ready')::integer - CASE WHEN kept.signalled THEN 1 ELSE 0 END,
            claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL, consumer = NULL,
            session_pid = NULL, session_started = NULL, claims_ended = m.claims_ended + 1,
            headers = pgqueue._park_headers(m.headers, park,

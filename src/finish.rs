@@ -25,7 +25,7 @@ use pgrx::prelude::*;
 /// Earlier releases' tables lack columns: `$progress`, `$dependents` and `$after` read the
 /// message's, and `$kept` and `$values` the history's extra columns, as the layout has them.
 macro_rules! to_history {
-    ($table:literal, $held:expr, $cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal, $ended:literal) => {
+    ($table:literal, $held:expr, $cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal, $ended:literal, $unwritten:literal) => {
         Statement {
             sql: crate::statement::text(concat!(
                     "WITH gone AS (
@@ -37,7 +37,11 @@ macro_rules! to_history {
                     $held,
                     ")
                   AND ($5::text IS NULL OR m.queue = $5)
-               RETURNING m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, m.enqueued_at,
+               RETURNING m.msg_id, m.queue, CASE WHEN ",
+                    $unwritten,
+                    " THEN 'claimed' ELSE m.state END AS state, m.priority, m.attempt + (",
+                    $unwritten,
+                    ")::integer AS attempt, m.payload, m.headers, m.enqueued_at,
                          m.dedup_key, ",
                     $progress,
                     " AS progress, ",
@@ -95,9 +99,9 @@ macro_rules! held_by_row {
 /// `$held`, the fence, as the release's SQL has it.
 macro_rules! to_history_since_0_17 {
     ($table:literal, $held:expr) => {
-        to_history_since_0_17!($table, $held, "NULL::integer")
+        to_history_since_0_17!($table, $held, "NULL::integer", "false")
     };
-    ($table:literal, $held:expr, $ended:literal) => {
+    ($table:literal, $held:expr, $ended:literal, $unwritten:literal) => {
         to_history!(
             $table,
             $held,
@@ -107,23 +111,29 @@ macro_rules! to_history_since_0_17 {
             "m.after",
             ", result, progress, after",
             ", g.result, g.progress, g.after",
-            $ended
+            $ended,
+            $unwritten
         )
     };
 }
 /// The fence: the message is held under the token; and (0.22.0 on) for a token the claim
 /// ledger issued, the ledger agrees, both ways (ledger.rs; the ledger row looked up in this
-/// statement's snapshot). Returns the number of each claim it ends (for the held set).
+/// statement's snapshot). A 'ready' row is as a claim through the ledger leaves it (step 3b
+/// of the write path): the ledger alone says whether it is held, and a row it fences is that
+/// claim's, one attempt further than the row counts. Returns the number of each claim it
+/// ends (for the held set).
 static TO_HISTORY: Statement = to_history_since_0_17!(
     "pgqueue.message_rows",
     "CASE WHEN pgqueue._token_claim(u.token) IS NULL THEN m.claim_token = u.token AND m.state = 'claimed'
           ELSE pgqueue._ledger_agrees(u.token, m.msg_id, m.claims_ended + 1,
-                                      m.claim_token = u.token AND m.state = 'claimed',
+                                      CASE WHEN m.state <> 'ready' THEN m.claim_token = u.token AND m.state = 'claimed' END,
                                       (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                                       EXISTS (SELECT FROM pgqueue.claims c
                                                WHERE c.claim_id = pgqueue._token_claim(u.token)))
      END",
-    "CASE WHEN m.state = 'claimed' AND pgqueue._token_claim(m.claim_token) IS NOT NULL THEN m.claims_ended + 1 END"
+    "CASE WHEN (m.state = 'claimed' AND pgqueue._token_claim(m.claim_token) IS NOT NULL)
+               OR (m.state = 'ready' AND $2 IS NOT NULL) THEN m.claims_ended + 1 END",
+    "(m.state = 'ready' AND $2 IS NOT NULL)"
 );
 /// The same for a database still running an earlier release's SQL (until ALTER EXTENSION
 /// UPDATE): 0.21.0's ledger counts attempts, and only vouches for what the row holds;
@@ -149,7 +159,8 @@ static TO_HISTORY_0_16: Statement = to_history!(
     "NULL::bigint[]",
     ", result, progress",
     ", g.result, g.progress",
-    "NULL::integer"
+    "NULL::integer",
+    "false"
 );
 static TO_HISTORY_0_15: Statement = to_history!(
     "pgqueue.messages",
@@ -160,7 +171,8 @@ static TO_HISTORY_0_15: Statement = to_history!(
     "NULL::bigint[]",
     "",
     "",
-    "NULL::integer"
+    "NULL::integer",
+    "false"
 );
 static TO_HISTORY_0_14: Statement = to_history!(
     "pgqueue.messages",
@@ -171,7 +183,8 @@ static TO_HISTORY_0_14: Statement = to_history!(
     "NULL::bigint[]",
     "",
     "",
-    "NULL::integer"
+    "NULL::integer",
+    "false"
 );
 
 /// Which release's tables this database has, by the newest column each added: catalog cache

@@ -38,8 +38,10 @@ fn _token_claim(token: Uuid) -> Option<i64> {
 /// row's word alone). The ledger holds the message under the token if the token verifies for
 /// the message's current claim number (`number`: its `claims_ended` + 1) and names a ledger
 /// row that exists (`in_ledger`, looked up in the statement's snapshot). The row holds it if
-/// it is claimed under the token (`row_holds`). Where the two disagree (either way): XX000,
-/// never an answer. Otherwise whether the message is held under the token.
+/// it is claimed under the token (`row_holds`); NULL (0.24.0's SQL, for a 'ready' row): the row
+/// is as a claim through the ledger leaves it (step 3b of the write path), and the ledger's
+/// word decides. Where the two disagree (either way): XX000, never an answer. Otherwise
+/// whether the message is held under the token.
 #[pg_extern(stable, parallel_safe, cost = 10)]
 fn _ledger_agrees(
     token: Option<Uuid>,
@@ -52,10 +54,11 @@ fn _ledger_agrees(
     let (Some(token), Some(msg_id), Some(number)) = (token, msg_id, number) else {
         error!("pgqueue: _ledger_agrees needs a token, a msg_id and a claim number")
     };
-    let row = row_holds == Some(true);
     let verifies = key_bytes.is_some_and(|k| claim_token::verify(&key(k), token.as_bytes(), msg_id, number));
     let exists = in_ledger == Some(true);
-    if row != (verifies && exists) {
+    let ledger = verifies && exists;
+    let Some(row) = row_holds else { return ledger };
+    if row != ledger {
         error!(
             "pgqueue: the message rows and the claim ledger disagree on who holds message {msg_id}: its row says \
              it is {} under token {token}; the token {} for claim number {number}, and its ledger row {}",

@@ -27,8 +27,10 @@ pub fn valid(state: &str, priority: i16, set: Set) -> bool {
     }
     let (claimed, delayed, pending, parked) =
         (state == "claimed", state == "delayed", state == "pending", state == "parked");
-    // Only a claim is bound to a session or asked to stop.
-    (claimed || !set.session_pid && !set.cancel_requested_at)
+    // Only a claim is bound to a session or asked to stop. A claim through the claim ledger
+    // may leave its row 'ready' (step 3b of the write path): such a row may be asked to
+    // stop (0.24.0), and carry the lease of a renewal (the rule below always allowed it).
+    (claimed || !set.session_pid && (!set.cancel_requested_at || state == "ready"))
         // Delayed rows have a due time, and only they, but for pending ones (due once released).
         && (pending || delayed == set.visible_at)
         // A pending message has parents.
@@ -44,13 +46,14 @@ mod tests {
     use super::*;
 
     /// The CHECK constraints of 0.18.0, one per rule, as SQL evaluated them (no column is
-    /// NULL where these read it: state and priority are NOT NULL).
+    /// NULL where these read it: state and priority are NOT NULL), but for the one change
+    /// since: a cancel request on a 'ready' row (0.24.0).
     fn constraints_of_0_18(state: &str, priority: i16, s: Set) -> bool {
         let is = |x: &str| state == x;
         STATES.contains(&state)
             && (-1000..=1000).contains(&priority)
             && (!s.session_pid || is("claimed"))
-            && (!s.cancel_requested_at || is("claimed"))
+            && (!s.cancel_requested_at || is("claimed") || is("ready"))
             && (is("pending") || is("delayed") == s.visible_at)
             && (!is("pending") || s.after)
             && is("parked") == (s.park_key && s.park_until)
@@ -103,6 +106,9 @@ mod tests {
         assert!(valid("pending", 0, Set { after: true, visible_at: true, ..none }));
         assert!(valid("parked", 0, Set { park_key: true, park_until: true, ..none }));
         assert!(!valid("ready", 0, Set { session_pid: true, ..none }));
+        // As a claim through the ledger leaves it, renewed and asked to stop.
+        assert!(valid("ready", 0, Set { lease_expires_at: true, cancel_requested_at: true, ..none }));
+        assert!(!valid("delayed", 0, Set { visible_at: true, cancel_requested_at: true, ..none }));
         assert!(!valid("ready", 1001, none));
     }
 }

@@ -473,7 +473,7 @@ fn a_pinned_horizon_does_not_make_the_rearm_pass_walk_dead_entries() {
     // The same window scan from the start, for contrast.
     let from_start: i64 = c
         .query_one(
-            "SELECT count(*) FROM (SELECT m.msg_id FROM pgqueue.messages m WHERE m.state = 'claimed'
+            "SELECT count(*) FROM (SELECT m.msg_id FROM pgqueue.message_rows m WHERE m.state = 'claimed'
               ORDER BY m.msg_id LIMIT 2000) w",
             &[],
         )

@@ -7,8 +7,13 @@
 -- well, so what the view shows is unchanged; the view stops being updatable (the library
 -- writes pgqueue.message_rows). pgqueue.jobs and pgqueue.queue_stats read the view.
 --
--- Views only: no table is locked beyond the views' own ACCESS EXCLUSIVE locks while the
--- update commits.
+-- Fencing and the calls that end a claim take such a claim (the ledger decides for a 'ready'
+-- row): pgq_renew, pgq_nack, pgq_park and pgq_cancel are replaced (pgq_ack, pgq_fail and
+-- pgq_ack_claim are the library's). The rows' CHECK (pgqueue._message_ok, the library's)
+-- allows a cancel request on a 'ready' row.
+--
+-- Views and functions only: no table is locked beyond the views' own ACCESS EXCLUSIVE locks
+-- while the update commits.
 
 CREATE OR REPLACE VIEW pgqueue.messages AS
 SELECT r.msg_id, r.queue, CASE WHEN e.claim_id IS NULL THEN r.state ELSE 'claimed' END AS state, r.priority,
@@ -66,3 +71,231 @@ SELECT m.msg_id, m.queue, m.state, m.priority, m.attempt, m.payload, m.headers, 
 SELECT h.msg_id, h.queue, h.outcome, h.priority, h.attempt, h.payload, h.headers, h.enqueued_at, NULL, NULL,
        NULL, NULL, h.finished_at, h.last_error, NULL, h.progress, h.result, h.after, NULL, NULL
   FROM pgqueue.history h;
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_renew(msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL,
+                                  queue text DEFAULT NULL, progress jsonb[] DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
+    PERFORM pgqueue._check_pairs(msg_ids, claim_tokens);
+    PERFORM pgqueue._check_lease(lease);
+    IF progress IS NOT NULL THEN
+        PERFORM pgqueue._check_reports(progress, pg_catalog.cardinality(msg_ids), 'progress');
+    END IF;
+    -- Only the lease and the progress change, and neither is in an index: a HOT update.
+    -- The re-arm pass learns the earliest new lease end at commit (a lease may get shorter),
+    -- and the held set the new leases of the ledger's claims.
+    RETURN QUERY
+    WITH renewed AS (
+        UPDATE pgqueue.message_rows m
+           SET lease_expires_at = now() + coalesce(lease, q.lease),
+               progress = coalesce(held.progress, m.progress)
+          FROM unnest(msg_ids, claim_tokens, progress) AS held(id, token, progress), pgqueue.queues q
+         WHERE m.msg_id = held.id
+           AND CASE WHEN pgqueue._token_claim(held.token) IS NULL THEN m.claim_token = held.token AND m.state = 'claimed'
+                    ELSE pgqueue._ledger_agrees(held.token, m.msg_id, m.claims_ended + 1,
+                                                CASE WHEN m.state <> 'ready' THEN m.claim_token = held.token AND m.state = 'claimed' END,
+                                                (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                                EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(held.token)))
+               END
+           AND m.cancel_requested_at IS NULL
+           AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
+        RETURNING m.msg_id, m.lease_expires_at, m.claims_ended + 1 AS number,
+                  pgqueue._token_claim(held.token) IS NOT NULL AS ledger
+    ), noted AS (
+        SELECT pgqueue._renewed(min(r.lease_expires_at)),
+               pgqueue._held_renew(array_agg(r.msg_id) FILTER (WHERE r.ledger), array_agg(r.number) FILTER (WHERE r.ledger),
+                                   array_agg(r.lease_expires_at) FILTER (WHERE r.ledger))
+          FROM renewed r
+    )
+    SELECT r.msg_id FROM renewed r, noted;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_nack(
+    msg_id bigint,
+    claim_token uuid,
+    retry_in interval DEFAULT NULL,
+    error text DEFAULT NULL,
+    queue text DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    h record;
+    wait interval;
+    ended integer;
+BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
+    PERFORM pgqueue._require(msg_id, 'msg_id');
+    PERFORM pgqueue._require(claim_token, 'claim_token');
+    PERFORM pgqueue._check_delay(retry_in, 'retry_in');
+    -- A 'ready' row the fence holds is as a claim through the ledger left it: that claim's
+    -- attempt is one further than the row counts.
+    SELECT m.msg_id, m.queue, m.priority, m.attempt + (m.state = 'ready')::integer AS attempt, q.max_attempts,
+           m.cancel_requested_at INTO h
+      FROM pgqueue.message_rows m JOIN pgqueue.queues q ON q.queue = m.queue
+     WHERE m.msg_id = msg_id
+       AND CASE WHEN pgqueue._token_claim(claim_token) IS NULL THEN m.claim_token = claim_token AND m.state = 'claimed'
+                ELSE pgqueue._ledger_agrees(claim_token, m.msg_id, m.claims_ended + 1,
+                                            CASE WHEN m.state <> 'ready' THEN m.claim_token = claim_token AND m.state = 'claimed' END,
+                                            (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                            EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
+           END
+       AND (queue IS NULL OR m.queue = queue)
+       FOR UPDATE OF m;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- A message whose cancel was requested is not retried (_to_history records it cancelled).
+    IF h.attempt >= h.max_attempts OR h.cancel_requested_at IS NOT NULL THEN
+        PERFORM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'dead', coalesce(error, 'nacked on the last attempt'));
+        RETURN true;
+    END IF;
+    wait := coalesce(retry_in, pgqueue._backoff(h.attempt));
+    UPDATE pgqueue.message_rows m
+       SET state = CASE WHEN wait > interval '0' THEN 'delayed' ELSE 'ready' END,
+           visible_at = CASE WHEN wait > interval '0' THEN now() + wait END, attempt = h.attempt,
+           claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL, consumer = NULL,
+           session_pid = NULL, session_started = NULL, last_error = coalesce(error, m.last_error),
+           claims_ended = m.claims_ended + 1
+     WHERE m.msg_id = h.msg_id
+    RETURNING m.claims_ended INTO ended;
+    -- The claim's end, for the held set at commit (claims of the ledger's tokens only).
+    PERFORM pgqueue._held_end(ARRAY[h.msg_id], ARRAY[ended]) WHERE pgqueue._token_claim(claim_token) IS NOT NULL;
+    PERFORM pgqueue._note(h.queue, 1, 'claimed', CASE WHEN wait > interval '0' THEN 'delayed' ELSE 'ready' END,
+                          h.priority, h.msg_id, h.msg_id, now() + wait);
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_cancel(msg_ids bigint[], reason text DEFAULT NULL, queue text DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    waiting bigint[];
+    running bigint[];
+BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
+    PERFORM pgqueue._check_ids(msg_ids, 'msg_ids');
+    -- Locked in msg_id order (overlapping cancels cannot deadlock), after any claim or finish
+    -- under way: its outcome decides what is left to cancel. A 'ready' row is held if a live
+    -- entry of the claim ledger holds it (a claim through the ledger leaves the row as it
+    -- was: step 3b of the write path); cancels are rare, so the ledger's rows of the queue are
+    -- read for it.
+    SELECT coalesce(array_agg(l.msg_id) FILTER (WHERE NOT l.held), '{}'),
+           coalesce(array_agg(l.msg_id) FILTER (WHERE l.held AND l.cancel_requested_at IS NULL), '{}')
+      INTO waiting, running
+      FROM (SELECT m.msg_id, m.cancel_requested_at,
+                   m.state = 'claimed'
+                   OR (m.state = 'ready'
+                       AND EXISTS (SELECT FROM pgqueue.claims c
+                                    WHERE c.queue = m.queue
+                                      AND c.claim_numbers[pg_catalog.array_position(c.msg_ids, m.msg_id)]
+                                          = m.claims_ended + 1)) AS held
+              FROM pgqueue.message_rows m
+             WHERE m.msg_id = ANY (msg_ids) AND (queue IS NULL OR m.queue = queue)
+             ORDER BY m.msg_id
+               FOR UPDATE OF m) l;
+    UPDATE pgqueue.message_rows m SET cancel_requested_at = now(), last_error = coalesce(reason, m.last_error)
+     WHERE m.msg_id = ANY (running);
+    RETURN QUERY
+    SELECT c.id FROM (SELECT pgqueue._to_history(waiting, NULL, 'cancelled', reason) AS id
+                      UNION ALL SELECT unnest(running)) c
+     ORDER BY c.id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_park(
+    msg_id bigint,
+    claim_token uuid,
+    key text,
+    timeout interval,
+    payload jsonb DEFAULT NULL,
+    on_timeout text DEFAULT 'resume',
+    queue text DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    h record;
+    kept record;
+    park jsonb;
+    ended integer;
+BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
+    PERFORM pgqueue._require(msg_id, 'msg_id');
+    PERFORM pgqueue._require(claim_token, 'claim_token');
+    PERFORM pgqueue._check_park_key(key);
+    IF pgqueue._require(timeout, 'timeout') <= interval '0' OR timeout > interval '365 days' THEN
+        PERFORM pgqueue._invalid('timeout', pg_catalog.format('%s is not between 0 (exclusive) and 365 days', timeout));
+    END IF;
+    IF pgqueue._require(on_timeout, 'on_timeout') NOT IN ('resume', 'dead') THEN
+        PERFORM pgqueue._invalid('on_timeout',
+            pg_catalog.format('%L is not one of ''resume'', ''dead''', on_timeout));
+    END IF;
+    IF payload IS NOT NULL THEN
+        PERFORM pgqueue._check_reports(ARRAY[payload], 1, 'payload');
+    END IF;
+    SELECT m.msg_id, m.queue, m.priority, m.headers, m.cancel_requested_at INTO h
+      FROM pgqueue.message_rows m
+     WHERE m.msg_id = msg_id
+       AND CASE WHEN pgqueue._token_claim(claim_token) IS NULL THEN m.claim_token = claim_token AND m.state = 'claimed'
+                ELSE pgqueue._ledger_agrees(claim_token, m.msg_id, m.claims_ended + 1,
+                                            CASE WHEN m.state <> 'ready' THEN m.claim_token = claim_token AND m.state = 'claimed' END,
+                                            (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                            EXISTS (SELECT FROM pgqueue.claims c WHERE c.claim_id = pgqueue._token_claim(claim_token)))
+           END
+       AND (queue IS NULL OR m.queue = queue)
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF h.headers IS NOT NULL AND pg_catalog.jsonb_typeof(h.headers) <> 'object' THEN
+        PERFORM pgqueue._invalid('msg_id', pg_catalog.format(
+            'message %s has headers that are not a JSON object: it cannot be parked', msg_id));
+    END IF;
+    IF h.cancel_requested_at IS NOT NULL THEN
+        PERFORM pgqueue._to_history(ARRAY[msg_id], ARRAY[claim_token], 'cancelled', NULL);
+        RETURN true;
+    END IF;
+    -- After the message: a signal locks the key's row, then the messages parked on it.
+    INSERT INTO pgqueue.park_keys AS p (key) VALUES (key)
+    ON CONFLICT ON CONSTRAINT park_keys_pkey DO UPDATE SET key = p.key
+    RETURNING p.signal, p.signalled_at, coalesce(p.keep_until > now(), false) AS signalled INTO kept;
+    park := pg_catalog.jsonb_build_object('key', key, 'parked_at', now(), 'timeout_at', now() + timeout,
+                                          'on_timeout', on_timeout)
+            || CASE WHEN payload IS NOT NULL THEN pg_catalog.jsonb_build_object('payload', payload) ELSE '{}' END;
+    UPDATE pgqueue.message_rows m
+       SET state = CASE WHEN kept.signalled THEN 'ready' ELSE 'parked' END,
+           park_key = CASE WHEN NOT kept.signalled THEN key END,
+           park_until = CASE WHEN NOT kept.signalled THEN now() + timeout END,
+           -- A 'ready' row was left so by a claim through the ledger: one attempt further.
+           attempt = m.attempt + (m.state = 'ready')::integer - CASE WHEN kept.signalled THEN 1 ELSE 0 END,
+           claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL, consumer = NULL,
+           session_pid = NULL, session_started = NULL, claims_ended = m.claims_ended + 1,
+           headers = pgqueue._park_headers(m.headers, park,
+               CASE WHEN kept.signalled THEN pg_catalog.jsonb_build_object(
+                   'signal', kept.signal, 'signalled_at', kept.signalled_at, 'resumed_at', now()) END)
+     WHERE m.msg_id = h.msg_id
+    RETURNING m.claims_ended INTO ended;
+    -- The claim's end, for the held set at commit (claims of the ledger's tokens only).
+    PERFORM pgqueue._held_end(ARRAY[h.msg_id], ARRAY[ended]) WHERE pgqueue._token_claim(claim_token) IS NOT NULL;
+    PERFORM pgqueue._note(h.queue, 1, 'claimed', 'parked');
+    IF kept.signalled THEN
+        PERFORM pgqueue._note(h.queue, 1, 'parked', 'ready', h.priority, h.msg_id, h.msg_id);
+    END IF;
+    RETURN true;
+END
+$$;

@@ -9,7 +9,9 @@
 //! `pgqueue.claim_ledger` off (the default) claims hand out random tokens and write no ledger
 //! row, which fencing takes on the row's word (`random token` below).
 
-use crate::common::kit::{Claimed, claim, claim_one, ledger_disagreements, message, new_queue, send_many};
+use crate::common::kit::{
+    Claimed, claim, claim_one, held_disagreements, history_of, ledger_disagreements, message, new_queue, send_many,
+};
 use crate::common::{Client, sqlstate};
 use postgres::GenericClient;
 use uuid::Uuid;
@@ -314,4 +316,118 @@ fn a_redriven_message_is_claimed_past_the_claims_the_ledger_still_lists() {
     assert!(crate::common::kit::ack(&mut c, &again));
     assert!(crate::common::kit::ack(&mut c, &both[1]));
     assert!(ledger_disagreements(&mut c, &[&q]).is_empty());
+}
+
+/// Leaves claimed message `id`'s row as a claim through the ledger leaves it (step 3b of the
+/// write path): 'ready', the claim's attempt not counted, no claim columns. Only the ledger
+/// holds it then.
+fn as_the_ledger_leaves_it(c: &mut impl GenericClient, id: i64) {
+    c.execute(
+        "UPDATE pgqueue.message_rows
+            SET state = 'ready', attempt = attempt - 1, claim_token = NULL, claimed_at = NULL, consumer = NULL,
+                lease_expires_at = NULL, session_pid = NULL, session_started = NULL
+          WHERE msg_id = $1 AND state = 'claimed'",
+        &[&id],
+    )
+    .unwrap();
+}
+
+/// (state, attempt, claims_ended, whether the row has a lease) of message `id`'s row.
+fn row(c: &mut impl GenericClient, id: i64) -> Option<(String, i32, i32, bool)> {
+    c.query_opt(
+        "SELECT state, attempt, claims_ended, lease_expires_at IS NOT NULL FROM pgqueue.message_rows WHERE msg_id = $1",
+        &[&id],
+    )
+    .unwrap()
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+}
+
+/// 0.24.0: each fencing call takes a claim that only the ledger holds, on a row left 'ready'
+/// (as claims will leave rows: step 3b of the write path), as it takes one the row holds:
+/// stale tokens are refused quietly, and each end counts the claim's attempt and ends it; a
+/// cancel marks it as it marks a claimed row.
+/// In one transaction with the row's change, so that no tick and no claim sees it meanwhile.
+#[test]
+fn fencing_takes_a_claim_only_the_ledger_holds_on_a_row_left_ready() {
+    let mut c = connect();
+    for (name, sql) in FENCED {
+        let q = new_queue(&mut c, ", lease => '1 hour'");
+        send_many(&mut c, &q, 2, "0");
+        let m = claim_one(&mut c, &q, None);
+        let other = claim_one(&mut c, &q, None);
+        let mut tx = c.transaction().unwrap();
+        as_the_ledger_leaves_it(&mut tx, m.id);
+        assert_eq!(row(&mut tx, m.id), Some(("ready".into(), 0, 0, false)));
+        let shown = message(&mut tx, m.id).unwrap();
+        assert_eq!(
+            (shown.state.as_str(), shown.token, shown.attempt),
+            ("claimed", Some(m.token), 1),
+            "{name}: the view"
+        );
+        for token in [other.token, Uuid::new_v4()] {
+            assert!(!took(&mut tx, sql, m.id, token).unwrap(), "{name}: a stale token, refused quietly");
+        }
+        assert!(took(&mut tx, sql, m.id, m.token).unwrap_or_else(|e| panic!("{name}: {e}")), "{name}: taken");
+        let after = row(&mut tx, m.id);
+        let finished = history_of(&mut tx, m.id).first().map(|f| (f.outcome.clone(), f.attempt));
+        match name {
+            "pgq_fail" => assert_eq!(finished, Some(("dead".into(), 1)), "{name}"),
+            "pgq_nack" => assert_eq!(after.clone().map(|r| (r.1, r.2, r.3)), Some((1, 1, false)), "{name}"),
+            "pgq_park" => assert_eq!(after.clone(), Some(("parked".into(), 1, 1, false)), "{name}"),
+            "pgq_renew" => {
+                assert_eq!(after.clone(), Some(("ready".into(), 0, 0, true)), "{name}: the lease on the row")
+            }
+            _ => assert_eq!(finished, Some(("completed".into(), 1)), "{name}"),
+        }
+        if ["pgq_nack", "pgq_park"].contains(&name) {
+            assert!(!took(&mut tx, sql, m.id, m.token).unwrap(), "{name}: the ended claim's token, refused");
+        }
+        tx.commit().unwrap();
+        if name == "pgq_renew" {
+            assert!(
+                c.query_one("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&m.id, &m.token])
+                    .unwrap()
+                    .get::<_, bool>(0)
+            );
+        }
+        c.execute("SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", &[&other.id, &other.token]).unwrap();
+        assert!(ledger_disagreements(&mut c, &[&q]).is_empty(), "{name}");
+        assert!(held_disagreements(&mut c, &[&q]).is_empty(), "{name}: {:?}", held_disagreements(&mut c, &[&q]));
+        c.execute("SELECT pgqueue.pgq_drop_queue($1, force => true)", &[&q]).unwrap();
+    }
+
+    // A cancel marks it (renewals leave it out from then on), and its end records it cancelled.
+    let q = new_queue(&mut c, "");
+    send_many(&mut c, &q, 1, "0");
+    let m = claim_one(&mut c, &q, None);
+    let mut tx = c.transaction().unwrap();
+    as_the_ledger_leaves_it(&mut tx, m.id);
+    let cancelled: Vec<i64> = tx
+        .query("SELECT pgqueue.pgq_cancel(ARRAY[$1::bigint], 'stop')", &[&m.id])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(cancelled, [m.id]);
+    assert_eq!(row(&mut tx, m.id), Some(("ready".into(), 0, 0, false)), "marked, not moved");
+    assert_eq!(message(&mut tx, m.id).map(|m| m.state), Some("claimed".into()));
+    assert!(!took(&mut tx, "SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)", m.id, m.token).unwrap());
+    assert!(took(&mut tx, "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", m.id, m.token).unwrap());
+    assert_eq!(
+        history_of(&mut tx, m.id).first().map(|f| (f.outcome.clone(), f.attempt)),
+        Some(("cancelled".into(), 1))
+    );
+    tx.commit().unwrap();
+    assert!(held_disagreements(&mut c, &[&q]).is_empty());
+
+    // A nack on the last attempt dead-letters it at the claim's attempt.
+    let q = new_queue(&mut c, ", max_attempts => 1");
+    send_many(&mut c, &q, 1, "0");
+    let m = claim_one(&mut c, &q, None);
+    let mut tx = c.transaction().unwrap();
+    as_the_ledger_leaves_it(&mut tx, m.id);
+    assert!(took(&mut tx, "SELECT pgqueue.pgq_nack($1, $2)", m.id, m.token).unwrap());
+    assert_eq!(history_of(&mut tx, m.id).first().map(|f| (f.outcome.clone(), f.attempt)), Some(("dead".into(), 1)));
+    tx.commit().unwrap();
+    assert!(held_disagreements(&mut c, &[&q]).is_empty());
 }
