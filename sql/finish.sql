@@ -285,6 +285,85 @@ BEGIN
 END
 $$;
 
+-- The same for claims only the claim ledger holds (a claim through the ledger leaves its row
+-- 'ready': step 3b of the write path), found from the ledger, which has no index by message:
+-- a batch looks at the ledger's rows after after_claim_id in claim_id order, as many as hold
+-- max_rows messages (at least one row). Of their live entries (the row 'ready' and at the
+-- entry's claim number) those whose lease has ended (the row's, which renewals and the
+-- orphans step set, else the one the claim granted) go back to ready with the claim counted
+-- (attempt and claims_ended), or to dead letter or cancelled as above. `more` says there
+-- may be more after last_claim_id; next_expiry is the earliest lease end of the live entries
+-- it saw that had not ended.
+CREATE FUNCTION pgqueue._rearm_ledger_batch(after_claim_id bigint, max_rows integer, queue text DEFAULT NULL)
+RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_claim_id bigint, more boolean, next_expiry timestamptz)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+#variable_conflict use_variable
+DECLARE
+    retry bigint[];
+    exhausted bigint[];
+    exhausted_tokens uuid[];
+    cancelled bigint[];
+    cancelled_tokens uuid[];
+BEGIN
+    SELECT max(w.claim_id) FILTER (WHERE w.earlier < max_rows),
+           count(*) FILTER (WHERE w.earlier >= max_rows) > 0 OR count(*) >= max_rows
+      INTO last_claim_id, more
+      FROM (SELECT c.claim_id,
+                   coalesce(sum(pg_catalog.cardinality(c.msg_ids))
+                                OVER (ORDER BY c.claim_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS earlier
+              FROM pgqueue.claims c WHERE c.claim_id > after_claim_id
+             ORDER BY c.claim_id LIMIT max_rows) w;
+    rearmed := 0;
+    dead_lettered := 0;
+    IF last_claim_id IS NULL THEN
+        more := false;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE NOT e.cancel AND e.attempt < e.max_attempts), '{}'),
+           coalesce(array_agg(e.msg_id) FILTER (WHERE NOT e.cancel AND e.attempt >= e.max_attempts), '{}'),
+           coalesce(array_agg(e.token) FILTER (WHERE NOT e.cancel AND e.attempt >= e.max_attempts), '{}'),
+           coalesce(array_agg(e.msg_id) FILTER (WHERE e.cancel), '{}'),
+           coalesce(array_agg(e.token) FILTER (WHERE e.cancel), '{}')
+      INTO retry, exhausted, exhausted_tokens, cancelled, cancelled_tokens
+      FROM (SELECT m.msg_id, m.attempt + 1 AS attempt, q.max_attempts, m.cancel_requested_at IS NOT NULL AS cancel,
+                   pgqueue._claim_token((SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                        c.claim_id, m.msg_id, l.number) AS token
+              FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number),
+                   pgqueue.message_rows m, pgqueue.queues q
+             WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id
+               AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number
+               AND coalesce(m.lease_expires_at, c.lease_expires_at) <= now()
+               AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
+             ORDER BY m.msg_id
+               FOR UPDATE OF m SKIP LOCKED) e;
+    SELECT min(coalesce(m.lease_expires_at, c.lease_expires_at)) INTO next_expiry
+      FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number), pgqueue.message_rows m
+     WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id
+       AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number
+       AND coalesce(m.lease_expires_at, c.lease_expires_at) > now();
+    WITH back AS (
+        UPDATE pgqueue.message_rows m
+           SET attempt = m.attempt + 1, lease_expires_at = NULL, last_error = 'lease expired',
+               claims_ended = m.claims_ended + 1
+         WHERE m.msg_id = ANY (retry)
+        RETURNING m.queue, m.priority, m.msg_id, m.claims_ended
+    ), ended AS (
+        -- The claims' ends, for the held set at commit.
+        SELECT pgqueue._held_end(array_agg(b.msg_id), array_agg(b.claims_ended)) FROM back b
+    )
+    SELECT coalesce(sum(n), 0) INTO rearmed
+      FROM (SELECT count(*) AS n, pgqueue._note(b.queue, count(*), 'claimed', 'ready', b.priority,
+                                                min(b.msg_id), max(b.msg_id))
+              FROM back b GROUP BY b.queue, b.priority) r, ended;
+    -- By their tokens, which tell the move that the ledger held them.
+    dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
+        exhausted, exhausted_tokens, 'dead', 'lease expired on the last attempt'));
+    PERFORM pgqueue._to_history(cancelled, cancelled_tokens, 'cancelled', NULL);
+    RETURN NEXT;
+END
+$$;
+
 -- Expired claims back to claimable (or dead letter), at most max_rows of them; `queue`
 -- restricts it to one queue. The background worker does this by itself every tick.
 CREATE FUNCTION pgqueue.pgq_rearm(max_rows integer DEFAULT 5000, queue text DEFAULT NULL)
@@ -311,6 +390,17 @@ BEGIN
         dead_lettered := dead_lettered + b.dead_lettered;
         EXIT WHEN NOT b.more OR rearmed + dead_lettered >= pgq_rearm.max_rows OR b.last_msg_id IS NULL;
         cursor_at := b.last_msg_id;
+    END LOOP;
+    -- Then the claims only the claim ledger holds, by claim_id.
+    cursor_at := 0;
+    WHILE rearmed + dead_lettered < pgq_rearm.max_rows LOOP
+        SELECT * INTO b FROM pgqueue._rearm_ledger_batch(cursor_at,
+                                                         pgq_rearm.max_rows - (rearmed + dead_lettered)::integer,
+                                                         pgq_rearm.queue);
+        rearmed := rearmed + b.rearmed;
+        dead_lettered := dead_lettered + b.dead_lettered;
+        EXIT WHEN NOT b.more OR b.last_claim_id IS NULL;
+        cursor_at := b.last_claim_id;
     END LOOP;
     RETURN NEXT;
 END

@@ -14,6 +14,8 @@ END;
 -- The held set learns the new leases at commit.
 -- No `state = 'claimed'` (the CHECK constraint implies it): with it, the planner may walk
 -- messages_claimed_idx from the start, dead entries and all (see messages_session_idx).
+-- A claim only the claim ledger holds (its row left 'ready': step 3b of the write path) has
+-- its session in its ledger row (claims_session_idx): its row gets the expired lease.
 CREATE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
@@ -26,9 +28,19 @@ BEGIN ATOMIC
            AND NOT EXISTS (SELECT FROM alive a
                             WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
            FOR UPDATE OF m SKIP LOCKED
+    ), orphaned_in_ledger AS (
+        SELECT m.msg_id FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number),
+               pgqueue.message_rows m
+         WHERE c.session_pid IS NOT NULL
+           AND NOT EXISTS (SELECT FROM alive a
+                            WHERE a.pid = c.session_pid AND a.backend_start = c.session_started)
+           AND m.msg_id = e.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = e.number
+           AND coalesce(m.lease_expires_at, c.lease_expires_at) > now()
+           FOR UPDATE OF m SKIP LOCKED
     ), expired AS (
         UPDATE pgqueue.message_rows m SET lease_expires_at = now()
-          FROM orphaned o WHERE m.msg_id = o.msg_id
+          FROM (SELECT o.msg_id FROM orphaned o UNION ALL SELECT o.msg_id FROM orphaned_in_ledger o) o
+         WHERE m.msg_id = o.msg_id
         RETURNING m.msg_id, m.claims_ended + 1 AS number, m.lease_expires_at
     )
     SELECT coalesce(pgqueue._held_renew(array_agg(e.msg_id), array_agg(e.number), array_agg(e.lease_expires_at)), 0)::bigint

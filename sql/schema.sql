@@ -127,6 +127,9 @@ CREATE TABLE pgqueue.claims (
     CONSTRAINT claims_shape CHECK (pg_catalog.cardinality(msg_ids) >= 1
                                    AND pg_catalog.cardinality(msg_ids) = pg_catalog.cardinality(claim_numbers))
 );
+-- Session-bound claims, for the orphans step (sql/maintenance.sql): the claims only the
+-- ledger holds have their session here alone (0.24.0).
+CREATE INDEX claims_session_idx ON pgqueue.claims (session_pid) WHERE session_pid IS NOT NULL;
 
 -- The installation's secret for claim tokens (16 random bytes), readable by its owner only.
 -- The oldest row is the key: a restore adds the dumped key, older than the one its CREATE

@@ -81,7 +81,7 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     }
     // At the prune cadence a pass runs from the start even if no lease seems to have ended:
     // claims and leases written around the API (a restore, an UPDATE) are re-armed then.
-    rescue(bracket, &mut out, pass, current_sql, prune_now);
+    rescue(bracket, &mut out, pass, current_sql, level >= SQL_LEDGER_CLAIMS, prune_now);
     if plan.all_steps && level >= SQL_LEDGER {
         prune_claims(bracket, &mut out, prune_now);
         // Part of the claims step (its failures counted as claims_failures); its rebuilds are
@@ -125,11 +125,14 @@ pub fn run(bracket: Bracket, plan: Plan, pass: &mut Pass) -> Outcome {
     out
 }
 
-/// A re-arm pass under way (it may span ticks while a backlog lasts).
+/// A re-arm pass under way (it may span ticks while a backlog lasts): the claimed rows by
+/// msg_id, then (0.24.0 on) the claims only the claim ledger holds, by claim_id.
 #[derive(Default)]
 pub struct Pass {
     /// Where the next batch starts (msg_id > cursor); None: no pass under way.
     cursor: Option<i64>,
+    /// The claimed rows done: where the next batch of the ledger starts (claim_id > this).
+    ledger: Option<i64>,
     /// The pass's number in shared memory, the lowest claimed msg_id (once its first batch
     /// ran) and the earliest lease end it saw so far (see queue_state::start_pass).
     number: u64,
@@ -137,11 +140,34 @@ pub struct Pass {
     expiry: i64,
 }
 
+/// What one re-arm batch did: re-armed, dead-lettered, where it stopped, whether there may
+/// be more after it, the lowest claimed msg_id it saw (rows only) and the earliest lease end.
+type Batch = (i64, i64, i64, bool, Option<i64>, Option<i64>);
+
+/// One batch of `sql` (`$1`: the cursor, `$2`: the batch size), whose columns are a `Batch`'s.
+fn rearm_batch(bracket: Bracket, out: &mut Outcome, sql: &str, after: i64, size: i32) -> Option<Batch> {
+    step(bracket, out, "rearm", || {
+        Spi::connect(|client| {
+            let row = client.select(sql, Some(1), &[after.into(), size.into()])?.first();
+            Ok::<_, pgrx::spi::Error>((
+                row.get::<i64>(1)?.unwrap_or(0),
+                row.get::<i64>(2)?.unwrap_or(0),
+                row.get::<i64>(3)?.unwrap_or(0),
+                row.get::<bool>(4)?.unwrap_or(false),
+                row.get::<i64>(5)?,
+                row.get::<pgrx::datum::TimestampWithTimeZone>(6)?.map(pg_sys::TimestampTz::from),
+            ))
+        })
+        .unwrap_or_else(|e| error!("{e}"))
+    })
+}
+
 /// The bounded rescue: batches of `rescue_batch_size`, each in its own bracket, continuing
 /// while batches come back full, until the pass budget or row cap is reached. A new pass
 /// starts only when a lease may have ended (always with `force`, and without this release's
-/// SQL), from where claimed messages start.
-fn rescue(bracket: Bracket, out: &mut Outcome, pass: &mut Pass, current_sql: bool, force: bool) {
+/// SQL), from where claimed messages start. With `ledger` (0.24.0's SQL on), the claims only
+/// the claim ledger holds follow the claimed rows in the same pass.
+fn rescue(bracket: Bracket, out: &mut Outcome, pass: &mut Pass, current_sql: bool, ledger: bool, force: bool) {
     let (budget, max_rows) = (guc::rescue_pass_budget(), i64::from(guc::RESCUE_PASS_MAX_ROWS.get()));
     let batch = guc::RESCUE_BATCH_SIZE.get();
     let start = Instant::now();
@@ -157,33 +183,31 @@ fn rescue(bracket: Bracket, out: &mut Outcome, pass: &mut Pass, current_sql: boo
         } else {
             (i64::MIN, 0)
         };
-        *pass = Pass { cursor: Some(floor.saturating_sub(1).max(0)), number, first: None, expiry: i64::MAX };
+        *pass =
+            Pass { cursor: Some(floor.saturating_sub(1).max(0)), ledger: None, number, first: None, expiry: i64::MAX };
     }
     loop {
-        let after = pass.cursor.unwrap_or(0);
-        let Some((rearmed, dead, last, more, first, expiry)) = step(bracket, out, "rearm", || {
-            Spi::connect(|client| {
-                let row = client
-                    .select(
-                        // By name: an earlier release's function lacks the last two.
-                        "SELECT b.rearmed, b.dead_lettered, coalesce(b.last_msg_id, 0), b.more,
-                                (to_jsonb(b) ->> 'first_msg_id')::bigint, (to_jsonb(b) ->> 'next_expiry')::timestamptz
-                           FROM pgqueue._rearm_batch($1, $2) b",
-                        Some(1),
-                        &[after.into(), batch.into()],
-                    )?
-                    .first();
-                Ok::<_, pgrx::spi::Error>((
-                    row.get::<i64>(1)?.unwrap_or(0),
-                    row.get::<i64>(2)?.unwrap_or(0),
-                    row.get::<i64>(3)?.unwrap_or(0),
-                    row.get::<bool>(4)?.unwrap_or(false),
-                    row.get::<i64>(5)?,
-                    row.get::<pgrx::datum::TimestampWithTimeZone>(6)?.map(pg_sys::TimestampTz::from),
-                ))
-            })
-            .unwrap_or_else(|e| error!("{e}"))
-        }) else {
+        let done = match pass.ledger {
+            Some(after) => rearm_batch(
+                bracket,
+                out,
+                "SELECT b.rearmed, b.dead_lettered, coalesce(b.last_claim_id, 0), b.more, NULL::bigint, b.next_expiry
+                   FROM pgqueue._rearm_ledger_batch($1, $2) b",
+                after,
+                batch,
+            ),
+            None => rearm_batch(
+                bracket,
+                out,
+                // By name: an earlier release's function lacks the last two.
+                "SELECT b.rearmed, b.dead_lettered, coalesce(b.last_msg_id, 0), b.more,
+                        (to_jsonb(b) ->> 'first_msg_id')::bigint, (to_jsonb(b) ->> 'next_expiry')::timestamptz
+                   FROM pgqueue._rearm_batch($1, $2) b",
+                pass.cursor.unwrap_or(0),
+                batch,
+            ),
+        };
+        let Some((rearmed, dead, last, more, first, expiry)) = done else {
             // Counted; the next tick starts a new pass (shared memory kept what it had).
             *pass = Pass::default();
             break;
@@ -193,20 +217,26 @@ fn rescue(bracket: Bracket, out: &mut Outcome, pass: &mut Pass, current_sql: boo
         out.add("rescue_batches", 1);
         out.add("rescue_rows", rearmed + dead);
         rows += rearmed + dead;
-        if pass.first.is_none() && current_sql {
-            // The first batch saw where claimed messages start: the next pass may start there.
-            queue_state::pass_found_floor(pass.number, first.unwrap_or(i64::MAX));
-        }
-        pass.first = pass.first.or(first).or(Some(i64::MAX));
-        pass.expiry = pass.expiry.min(expiry.unwrap_or(i64::MAX));
-        if !more {
-            if current_sql {
-                queue_state::end_pass(pass.number, pass.expiry);
+        if pass.ledger.is_none() {
+            if pass.first.is_none() && current_sql {
+                // The first batch saw where claimed messages start: the next pass may start there.
+                queue_state::pass_found_floor(pass.number, first.unwrap_or(i64::MAX));
             }
-            *pass = Pass::default();
-            break;
+            pass.first = pass.first.or(first).or(Some(i64::MAX));
         }
-        pass.cursor = Some(last);
+        pass.expiry = pass.expiry.min(expiry.unwrap_or(i64::MAX));
+        match (more, pass.ledger) {
+            (true, Some(_)) => pass.ledger = Some(last),
+            (true, None) => pass.cursor = Some(last),
+            (false, None) if ledger => pass.ledger = Some(0),
+            (false, _) => {
+                if current_sql {
+                    queue_state::end_pass(pass.number, pass.expiry);
+                }
+                *pass = Pass::default();
+                break;
+            }
+        }
         if start.elapsed() >= budget || rows >= max_rows {
             out.backlog = true;
             break;
@@ -421,7 +451,8 @@ fn record(bracket: Bracket, out: &mut Outcome, plan: &Plan, pruned: bool) {
 /// run an earlier release's, whose commits announce nothing to the shared state (before
 /// 0.3.0), which has no schedules (before 0.4.0), no rollups (before 0.12.0) and no count of
 /// a queue's dead letters (before 0.13.0), no dependencies (before 0.17.0), no parking
-/// (before 0.18.0) and no claim ledger (before 0.21.0). Known by the functions it has.
+/// (before 0.18.0), no claim ledger (before 0.21.0) and no re-arm of the claims only the
+/// ledger holds (before 0.24.0). Known by the functions it has.
 const SQL_SHARED_STATE: u8 = 3;
 const SQL_SCHEDULES: u8 = 4;
 const SQL_ROLLUPS: u8 = 5;
@@ -429,6 +460,7 @@ const SQL_DEAD_COUNTS: u8 = 6;
 const SQL_DEPENDENCIES: u8 = 7;
 const SQL_PARKS: u8 = 8;
 const SQL_LEDGER: u8 = 9;
+const SQL_LEDGER_CLAIMS: u8 = 10;
 
 /// Pending messages a full tick looks at (one window; the next tick goes on from there).
 const PENDING_WINDOW: i32 = 1000;
@@ -437,10 +469,12 @@ fn sql_level(bracket: Bracket, out: &mut Outcome) -> u8 {
     thread_local! {
         static LEVEL: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
     }
-    if LEVEL.get() < SQL_LEDGER {
+    if LEVEL.get() < SQL_LEDGER_CLAIMS {
         let level = step(bracket, out, "rearm", || {
             Spi::get_one::<i32>(
-                "SELECT CASE WHEN to_regprocedure('pgqueue._prune_claims(bigint, integer)') IS NOT NULL THEN 9
+                "SELECT CASE WHEN to_regprocedure('pgqueue._rearm_ledger_batch(bigint, integer, text)') IS NOT NULL
+                             THEN 10
+                             WHEN to_regprocedure('pgqueue._prune_claims(bigint, integer)') IS NOT NULL THEN 9
                              WHEN to_regprocedure('pgqueue._expire_parks(integer)') IS NOT NULL THEN 8
                              WHEN to_regprocedure('pgqueue._finish_dependencies(bigint[], text[], bigint[])') IS NOT NULL
                              THEN 7

@@ -12,8 +12,13 @@
 -- pgq_ack_claim are the library's). The rows' CHECK (pgqueue._message_ok, the library's)
 -- allows a cancel request on a 'ready' row.
 --
--- Views and functions only: no table is locked beyond the views' own ACCESS EXCLUSIVE locks
--- while the update commits.
+-- The re-arm pass (worker and pgq_rearm) and the orphans step find such claims too: a new
+-- batch function walks the ledger by claim_id (_rearm_ledger_batch), and a partial index on
+-- the ledger's session-bound rows (claims_session_idx) serves the orphans step.
+--
+-- Views, functions and that index: no table of queue data is locked; the index takes a SHARE
+-- lock on pgqueue.claims (claims through the ledger wait for it; the ledger holds about one
+-- row per claim call in flight).
 
 CREATE OR REPLACE VIEW pgqueue.messages AS
 SELECT r.msg_id, r.queue, CASE WHEN e.claim_id IS NULL THEN r.state ELSE 'claimed' END AS state, r.priority,
@@ -299,3 +304,147 @@ BEGIN
     RETURN true;
 END
 $$;
+
+CREATE INDEX claims_session_idx ON pgqueue.claims (session_pid) WHERE session_pid IS NOT NULL;
+
+CREATE FUNCTION pgqueue._rearm_ledger_batch(after_claim_id bigint, max_rows integer, queue text DEFAULT NULL)
+RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_claim_id bigint, more boolean, next_expiry timestamptz)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+#variable_conflict use_variable
+DECLARE
+    retry bigint[];
+    exhausted bigint[];
+    exhausted_tokens uuid[];
+    cancelled bigint[];
+    cancelled_tokens uuid[];
+BEGIN
+    SELECT max(w.claim_id) FILTER (WHERE w.earlier < max_rows),
+           count(*) FILTER (WHERE w.earlier >= max_rows) > 0 OR count(*) >= max_rows
+      INTO last_claim_id, more
+      FROM (SELECT c.claim_id,
+                   coalesce(sum(pg_catalog.cardinality(c.msg_ids))
+                                OVER (ORDER BY c.claim_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS earlier
+              FROM pgqueue.claims c WHERE c.claim_id > after_claim_id
+             ORDER BY c.claim_id LIMIT max_rows) w;
+    rearmed := 0;
+    dead_lettered := 0;
+    IF last_claim_id IS NULL THEN
+        more := false;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE NOT e.cancel AND e.attempt < e.max_attempts), '{}'),
+           coalesce(array_agg(e.msg_id) FILTER (WHERE NOT e.cancel AND e.attempt >= e.max_attempts), '{}'),
+           coalesce(array_agg(e.token) FILTER (WHERE NOT e.cancel AND e.attempt >= e.max_attempts), '{}'),
+           coalesce(array_agg(e.msg_id) FILTER (WHERE e.cancel), '{}'),
+           coalesce(array_agg(e.token) FILTER (WHERE e.cancel), '{}')
+      INTO retry, exhausted, exhausted_tokens, cancelled, cancelled_tokens
+      FROM (SELECT m.msg_id, m.attempt + 1 AS attempt, q.max_attempts, m.cancel_requested_at IS NOT NULL AS cancel,
+                   pgqueue._claim_token((SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                        c.claim_id, m.msg_id, l.number) AS token
+              FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number),
+                   pgqueue.message_rows m, pgqueue.queues q
+             WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id
+               AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number
+               AND coalesce(m.lease_expires_at, c.lease_expires_at) <= now()
+               AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
+             ORDER BY m.msg_id
+               FOR UPDATE OF m SKIP LOCKED) e;
+    SELECT min(coalesce(m.lease_expires_at, c.lease_expires_at)) INTO next_expiry
+      FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number), pgqueue.message_rows m
+     WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id
+       AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number
+       AND coalesce(m.lease_expires_at, c.lease_expires_at) > now();
+    WITH back AS (
+        UPDATE pgqueue.message_rows m
+           SET attempt = m.attempt + 1, lease_expires_at = NULL, last_error = 'lease expired',
+               claims_ended = m.claims_ended + 1
+         WHERE m.msg_id = ANY (retry)
+        RETURNING m.queue, m.priority, m.msg_id, m.claims_ended
+    ), ended AS (
+        -- The claims' ends, for the held set at commit.
+        SELECT pgqueue._held_end(array_agg(b.msg_id), array_agg(b.claims_ended)) FROM back b
+    )
+    SELECT coalesce(sum(n), 0) INTO rearmed
+      FROM (SELECT count(*) AS n, pgqueue._note(b.queue, count(*), 'claimed', 'ready', b.priority,
+                                                min(b.msg_id), max(b.msg_id))
+              FROM back b GROUP BY b.queue, b.priority) r, ended;
+    -- By their tokens, which tell the move that the ledger held them.
+    dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
+        exhausted, exhausted_tokens, 'dead', 'lease expired on the last attempt'));
+    PERFORM pgqueue._to_history(cancelled, cancelled_tokens, 'cancelled', NULL);
+    RETURN NEXT;
+END
+$$;
+REVOKE ALL ON FUNCTION pgqueue._rearm_ledger_batch(bigint, integer, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_rearm(max_rows integer DEFAULT 5000, queue text DEFAULT NULL)
+RETURNS TABLE (rearmed bigint, dead_lettered bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    cursor_at bigint := 0;
+    b record;
+BEGIN
+    IF pgqueue._require(pgq_rearm.max_rows, 'max_rows') NOT BETWEEN 1 AND 1000000 THEN
+        PERFORM pgqueue._invalid('max_rows', pg_catalog.format('%s is not between 1 and 1000000', pgq_rearm.max_rows));
+    END IF;
+    IF pgq_rearm.queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(pgq_rearm.queue);
+    END IF;
+    rearmed := 0;
+    dead_lettered := 0;
+    -- Windows until max_rows are done or every in-flight row was looked at.
+    LOOP
+        SELECT * INTO b FROM pgqueue._rearm_batch(cursor_at, pgq_rearm.max_rows - (rearmed + dead_lettered)::integer,
+                                                  pgq_rearm.queue);
+        rearmed := rearmed + b.rearmed;
+        dead_lettered := dead_lettered + b.dead_lettered;
+        EXIT WHEN NOT b.more OR rearmed + dead_lettered >= pgq_rearm.max_rows OR b.last_msg_id IS NULL;
+        cursor_at := b.last_msg_id;
+    END LOOP;
+    -- Then the claims only the claim ledger holds, by claim_id.
+    cursor_at := 0;
+    WHILE rearmed + dead_lettered < pgq_rearm.max_rows LOOP
+        SELECT * INTO b FROM pgqueue._rearm_ledger_batch(cursor_at,
+                                                         pgq_rearm.max_rows - (rearmed + dead_lettered)::integer,
+                                                         pgq_rearm.queue);
+        rearmed := rearmed + b.rearmed;
+        dead_lettered := dead_lettered + b.dead_lettered;
+        EXIT WHEN NOT b.more OR b.last_claim_id IS NULL;
+        cursor_at := b.last_claim_id;
+    END LOOP;
+    RETURN NEXT;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH alive AS MATERIALIZED (
+        SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
+         WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+    ), orphaned AS (
+        SELECT m.msg_id FROM pgqueue.message_rows m
+         WHERE m.session_pid IS NOT NULL AND m.lease_expires_at > now()
+           AND NOT EXISTS (SELECT FROM alive a
+                            WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
+           FOR UPDATE OF m SKIP LOCKED
+    ), orphaned_in_ledger AS (
+        SELECT m.msg_id FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number),
+               pgqueue.message_rows m
+         WHERE c.session_pid IS NOT NULL
+           AND NOT EXISTS (SELECT FROM alive a
+                            WHERE a.pid = c.session_pid AND a.backend_start = c.session_started)
+           AND m.msg_id = e.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = e.number
+           AND coalesce(m.lease_expires_at, c.lease_expires_at) > now()
+           FOR UPDATE OF m SKIP LOCKED
+    ), expired AS (
+        UPDATE pgqueue.message_rows m SET lease_expires_at = now()
+          FROM (SELECT o.msg_id FROM orphaned o UNION ALL SELECT o.msg_id FROM orphaned_in_ledger o) o
+         WHERE m.msg_id = o.msg_id
+        RETURNING m.msg_id, m.claims_ended + 1 AS number, m.lease_expires_at
+    )
+    SELECT coalesce(pgqueue._held_renew(array_agg(e.msg_id), array_agg(e.number), array_agg(e.lease_expires_at)), 0)::bigint
+      FROM expired e;
+END;

@@ -431,3 +431,72 @@ fn fencing_takes_a_claim_only_the_ledger_holds_on_a_row_left_ready() {
     tx.commit().unwrap();
     assert!(held_disagreements(&mut c, &[&q]).is_empty());
 }
+
+/// 0.24.0: the re-arm pass finds claims only the ledger holds from the ledger, with the
+/// lease in force (a renewal's on the row, else the claim's): an ended one goes back to ready
+/// with its attempt counted, to dead letter on its last attempt, or to history as cancelled
+/// if a cancel was requested; a renewed one stays. `pgq_rearm` in one transaction with the
+/// rows' change (no tick sees them); then the worker, told that a lease ended; then the
+/// orphans step, for a session-bound claim whose session exits.
+#[test]
+fn the_rearm_pass_and_the_orphans_step_find_claims_only_the_ledger_holds() {
+    let mut c = connect();
+    let q = new_queue(&mut c, ", lease => '1 hour', max_attempts => 2");
+    send_many(&mut c, &q, 4, "0");
+    let ms = claim(&mut c, &q, 4, None);
+    let ids: Vec<i64> = ms.iter().map(|m| m.id).collect();
+    let mut tx = c.transaction().unwrap();
+    for m in &ms {
+        as_the_ledger_leaves_it(&mut tx, m.id);
+    }
+    tx.execute(
+        "UPDATE pgqueue.claims SET lease_expires_at = now() - interval '1 s' WHERE $1 = ANY (msg_ids)",
+        &[&ids[0]],
+    )
+    .unwrap();
+    assert!(took(&mut tx, "SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)", ms[1].id, ms[1].token).unwrap());
+    tx.execute("SELECT pgqueue.pgq_cancel($1::bigint)", &[&ids[2]]).unwrap();
+    tx.execute("UPDATE pgqueue.message_rows SET attempt = 1 WHERE msg_id = $1", &[&ids[3]]).unwrap();
+    let r = tx.query_one("SELECT rearmed, dead_lettered FROM pgqueue.pgq_rearm(queue => $1)", &[&q]).unwrap();
+    assert_eq!((r.get::<_, i64>(0), r.get::<_, i64>(1)), (1, 1));
+    assert_eq!(row(&mut tx, ids[0]), Some(("ready".into(), 1, 1, false)), "re-armed, the attempt counted");
+    assert_eq!(message(&mut tx, ids[0]).map(|m| m.state), Some("ready".into()));
+    assert_eq!(row(&mut tx, ids[1]), Some(("ready".into(), 0, 0, true)), "renewed: held");
+    assert_eq!(message(&mut tx, ids[1]).map(|m| m.state), Some("claimed".into()));
+    let ended =
+        |tx: &mut postgres::Transaction, id: i64| history_of(tx, id).first().map(|f| (f.outcome.clone(), f.attempt));
+    assert_eq!(ended(&mut tx, ids[2]), Some(("cancelled".into(), 1)));
+    assert_eq!(ended(&mut tx, ids[3]), Some(("dead".into(), 2)), "its last attempt");
+    assert!(!took(&mut tx, "SELECT pgqueue.pgq_nack($1, $2)", ms[0].id, ms[0].token).unwrap(), "the token, stale");
+    tx.commit().unwrap();
+    assert!(took(&mut c, "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", ms[1].id, ms[1].token).unwrap());
+    assert!(held_disagreements(&mut c, &[&q]).is_empty(), "{:?}", held_disagreements(&mut c, &[&q]));
+
+    // The worker, told that a lease ended (as a renewal that shortened one would tell it).
+    let q = new_queue(&mut c, ", lease => '1 hour'");
+    send_many(&mut c, &q, 2, "0");
+    let m = claim_one(&mut c, &q, None);
+    let mut tx = c.transaction().unwrap();
+    as_the_ledger_leaves_it(&mut tx, m.id);
+    tx.execute(
+        "UPDATE pgqueue.claims SET lease_expires_at = now() - interval '1 s' WHERE $1 = ANY (msg_ids)",
+        &[&m.id],
+    )
+    .unwrap();
+    tx.execute("SELECT pgqueue._renewed(now() - interval '1 s')", &[]).unwrap();
+    tx.commit().unwrap();
+    let limit = std::time::Duration::from_secs(30);
+    crate::common::wait_for("the worker to re-arm it", limit, || (row(&mut c, m.id)?.2 == 1).then_some(()));
+    assert_eq!(message(&mut c, m.id).map(|m| (m.state, m.attempt)), Some(("ready".into(), 1)));
+
+    // A session-bound claim whose session exits: the orphans step expires it, the pass re-arms it.
+    let mut holder = connect();
+    let bound: Uuid =
+        holder.query_one("SELECT claim_token FROM pgqueue.pgq_claim($1, session_bound => true)", &[&q]).unwrap().get(0);
+    let id: i64 = c.query_one("SELECT msg_id FROM pgqueue.messages WHERE claim_token = $1", &[&bound]).unwrap().get(0);
+    as_the_ledger_leaves_it(&mut c, id);
+    assert_eq!(message(&mut c, id).map(|m| m.state), Some("claimed".into()));
+    drop(holder);
+    crate::common::wait_for("the orphans step and the pass", limit, || (row(&mut c, id)?.2 == 1).then_some(()));
+    assert!(held_disagreements(&mut c, &[&q]).is_empty(), "{:?}", held_disagreements(&mut c, &[&q]));
+}
