@@ -8,7 +8,8 @@
 //! transaction committed by another session) costs the waiter its deadline, never a wrong
 //! answer; without shared memory it reads the message in short steps instead.
 
-use crate::statement::Statement;
+use crate::on_rows;
+use crate::statement::OnRows;
 use crate::wait;
 use pgrx::datum::Interval;
 use pgrx::pg_sys::{self, INT8OID, TEXTOID};
@@ -166,10 +167,8 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
 }
 
 /// Whether the message is still waiting or claimed (in `queue`, if given).
-static UNFINISHED: Statement = Statement {
-    sql: c"SELECT FROM pgqueue.messages m WHERE m.msg_id = $1 AND ($2::text IS NULL OR m.queue = $2)",
-    args: &[INT8OID, TEXTOID],
-};
+static UNFINISHED: OnRows = on_rows!(&[INT8OID, TEXTOID];
+    "SELECT FROM ", ROWS, " m WHERE m.msg_id = $1 AND ($2::text IS NULL OR m.queue = $2)");
 
 /// Sleep step when no signal can come.
 const FALLBACK_STEP_MS: i64 = 50;
@@ -183,7 +182,7 @@ fn _await_outcome(msg_id: i64, wait: Interval, queue: Option<&str>) -> bool {
     // SAFETY: reads the clock.
     let deadline = unsafe { pg_sys::GetCurrentTimestamp() } + i64::try_from(wait.as_micros()).unwrap_or(i64::MAX);
     let args = [Some(pg_sys::Datum::from(msg_id)), queue.into_datum()];
-    let unfinished = || Spi::connect_mut(|_| UNFINISHED.run(&args).len() > 0);
+    let unfinished = || Spi::connect_mut(|_| UNFINISHED.get().run(&args).len() > 0);
     if !unfinished() {
         return true;
     }

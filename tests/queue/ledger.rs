@@ -10,7 +10,7 @@
 //! row, which fencing takes on the row's word (`random token` below).
 
 use crate::common::kit::{
-    Claimed, claim, claim_one, held_disagreements, history_of, ledger_disagreements, message, new_queue, send_many,
+    Claimed, claim, claim_one, held_disagreements, ledger_disagreements, message, new_queue, send_many,
 };
 use crate::common::{Client, sqlstate};
 use postgres::GenericClient;
@@ -332,6 +332,15 @@ fn as_the_ledger_leaves_it(c: &mut impl GenericClient, id: i64) {
     .unwrap();
 }
 
+/// (outcome, attempt) of message `id` of queue `q` in the history. By queue: a read by msg_id
+/// alone locks every queue's history partitions until the transaction ends, and these
+/// tests keep theirs open while other tests drop their queues.
+fn finished(c: &mut impl GenericClient, q: &str, id: i64) -> Option<(String, i32)> {
+    c.query_opt("SELECT outcome, attempt FROM pgqueue.history WHERE queue = $1 AND msg_id = $2", &[&q, &id])
+        .unwrap()
+        .map(|r| (r.get(0), r.get(1)))
+}
+
 /// (state, attempt, claims_ended, whether the row has a lease) of message `id`'s row.
 fn row(c: &mut impl GenericClient, id: i64) -> Option<(String, i32, i32, bool)> {
     c.query_opt(
@@ -369,15 +378,15 @@ fn fencing_takes_a_claim_only_the_ledger_holds_on_a_row_left_ready() {
         }
         assert!(took(&mut tx, sql, m.id, m.token).unwrap_or_else(|e| panic!("{name}: {e}")), "{name}: taken");
         let after = row(&mut tx, m.id);
-        let finished = history_of(&mut tx, m.id).first().map(|f| (f.outcome.clone(), f.attempt));
+        let moved = finished(&mut tx, &q, m.id);
         match name {
-            "pgq_fail" => assert_eq!(finished, Some(("dead".into(), 1)), "{name}"),
+            "pgq_fail" => assert_eq!(moved, Some(("dead".into(), 1)), "{name}"),
             "pgq_nack" => assert_eq!(after.clone().map(|r| (r.1, r.2, r.3)), Some((1, 1, false)), "{name}"),
             "pgq_park" => assert_eq!(after.clone(), Some(("parked".into(), 1, 1, false)), "{name}"),
             "pgq_renew" => {
                 assert_eq!(after.clone(), Some(("ready".into(), 0, 0, true)), "{name}: the lease on the row")
             }
-            _ => assert_eq!(finished, Some(("completed".into(), 1)), "{name}"),
+            _ => assert_eq!(moved, Some(("completed".into(), 1)), "{name}"),
         }
         if ["pgq_nack", "pgq_park"].contains(&name) {
             assert!(!took(&mut tx, sql, m.id, m.token).unwrap(), "{name}: the ended claim's token, refused");
@@ -413,10 +422,7 @@ fn fencing_takes_a_claim_only_the_ledger_holds_on_a_row_left_ready() {
     assert_eq!(message(&mut tx, m.id).map(|m| m.state), Some("claimed".into()));
     assert!(!took(&mut tx, "SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)", m.id, m.token).unwrap());
     assert!(took(&mut tx, "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", m.id, m.token).unwrap());
-    assert_eq!(
-        history_of(&mut tx, m.id).first().map(|f| (f.outcome.clone(), f.attempt)),
-        Some(("cancelled".into(), 1))
-    );
+    assert_eq!(finished(&mut tx, &q, m.id), Some(("cancelled".into(), 1)));
     tx.commit().unwrap();
     assert!(held_disagreements(&mut c, &[&q]).is_empty());
 
@@ -427,7 +433,7 @@ fn fencing_takes_a_claim_only_the_ledger_holds_on_a_row_left_ready() {
     let mut tx = c.transaction().unwrap();
     as_the_ledger_leaves_it(&mut tx, m.id);
     assert!(took(&mut tx, "SELECT pgqueue.pgq_nack($1, $2)", m.id, m.token).unwrap());
-    assert_eq!(history_of(&mut tx, m.id).first().map(|f| (f.outcome.clone(), f.attempt)), Some(("dead".into(), 1)));
+    assert_eq!(finished(&mut tx, &q, m.id), Some(("dead".into(), 1)));
     tx.commit().unwrap();
     assert!(held_disagreements(&mut c, &[&q]).is_empty());
 }
@@ -463,8 +469,7 @@ fn the_rearm_pass_and_the_orphans_step_find_claims_only_the_ledger_holds() {
     assert_eq!(message(&mut tx, ids[0]).map(|m| m.state), Some("ready".into()));
     assert_eq!(row(&mut tx, ids[1]), Some(("ready".into(), 0, 0, true)), "renewed: held");
     assert_eq!(message(&mut tx, ids[1]).map(|m| m.state), Some("claimed".into()));
-    let ended =
-        |tx: &mut postgres::Transaction, id: i64| history_of(tx, id).first().map(|f| (f.outcome.clone(), f.attempt));
+    let ended = |tx: &mut postgres::Transaction, id: i64| finished(tx, &q, id);
     assert_eq!(ended(&mut tx, ids[2]), Some(("cancelled".into(), 1)));
     assert_eq!(ended(&mut tx, ids[3]), Some(("dead".into(), 2)), "its last attempt");
     assert!(!took(&mut tx, "SELECT pgqueue.pgq_nack($1, $2)", ms[0].id, ms[0].token).unwrap(), "the token, stale");
