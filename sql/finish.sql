@@ -220,6 +220,39 @@ BEGIN
 END
 $$;
 
+-- What a re-arm batch does with the expired claims it locked: back to ready with the claim
+-- counted (retry), to dead letter when the queue's max_attempts is used up (exhausted), or to
+-- history as cancelled when a cancel was requested (counted in neither). A 'ready' row was
+-- left so by a claim through the claim ledger (step 3b of the write path): its attempt is
+-- counted here, and its token (beside the id; NULL for claimed rows) tells the move to
+-- history that the ledger held it. Returns the counts.
+CREATE FUNCTION pgqueue._release_expired(retry bigint[], exhausted bigint[], exhausted_tokens uuid[],
+                                         cancelled bigint[], cancelled_tokens uuid[],
+                                         OUT rearmed bigint, OUT dead_lettered bigint)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    WITH back AS (
+        UPDATE pgqueue.message_rows m
+           SET state = 'ready', attempt = m.attempt + (m.state = 'ready')::integer, claim_token = NULL,
+               claimed_at = NULL, lease_expires_at = NULL, consumer = NULL, session_pid = NULL,
+               session_started = NULL, last_error = 'lease expired', claims_ended = m.claims_ended + 1
+         WHERE m.msg_id = ANY (retry)
+        RETURNING m.queue, m.priority, m.msg_id, m.claims_ended
+    ), ended AS (
+        -- The claims' ends, for the held set at commit.
+        SELECT pgqueue._held_end(array_agg(b.msg_id), array_agg(b.claims_ended)) FROM back b
+    )
+    SELECT coalesce(sum(n), 0) INTO rearmed
+      FROM (SELECT count(*) AS n, pgqueue._note(b.queue, count(*), 'claimed', 'ready', b.priority,
+                                                min(b.msg_id), max(b.msg_id))
+              FROM back b GROUP BY b.queue, b.priority) r, ended;
+    dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
+        exhausted, exhausted_tokens, 'dead', 'lease expired on the last attempt'));
+    -- Cancel requested and the holder gone: finished as cancelled, not retried.
+    PERFORM pgqueue._to_history(cancelled, cancelled_tokens, 'cancelled', NULL);
+END
+$$;
+
 -- One batch of re-arming: expired claims with msg_id > after_msg_id, in msg_id order, back
 -- to ready, or to dead letter when the queue's max_attempts is used up (to history as
 -- cancelled when a cancel was requested: counted in neither). Rows another session
@@ -262,25 +295,8 @@ BEGIN
              ORDER BY m.msg_id
              LIMIT max_rows
                FOR UPDATE OF m SKIP LOCKED) e;
-    WITH back AS (
-        UPDATE pgqueue.message_rows m
-           SET state = 'ready', claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL,
-               consumer = NULL, session_pid = NULL, session_started = NULL, last_error = 'lease expired',
-               claims_ended = m.claims_ended + 1
-         WHERE m.msg_id = ANY (retry)
-        RETURNING m.queue, m.priority, m.msg_id, m.claims_ended
-    ), ended AS (
-        -- The claims' ends, for the held set at commit.
-        SELECT pgqueue._held_end(array_agg(b.msg_id), array_agg(b.claims_ended)) FROM back b
-    )
-    SELECT coalesce(sum(n), 0) INTO rearmed
-      FROM (SELECT count(*) AS n, pgqueue._note(b.queue, count(*), 'claimed', 'ready', b.priority,
-                                                min(b.msg_id), max(b.msg_id))
-              FROM back b GROUP BY b.queue, b.priority) r, ended;
-    dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
-        exhausted, NULL, 'dead', 'lease expired on the last attempt'));
-    -- Cancel requested and the holder gone: finished as cancelled, not retried.
-    PERFORM pgqueue._to_history(cancelled, NULL, 'cancelled', NULL);
+    SELECT r.rearmed, r.dead_lettered INTO rearmed, dead_lettered
+      FROM pgqueue._release_expired(retry, exhausted, NULL, cancelled, NULL) r;
     RETURN NEXT;
 END
 $$;
@@ -342,24 +358,8 @@ BEGIN
      WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id
        AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number
        AND coalesce(m.lease_expires_at, c.lease_expires_at) > now();
-    WITH back AS (
-        UPDATE pgqueue.message_rows m
-           SET attempt = m.attempt + 1, lease_expires_at = NULL, last_error = 'lease expired',
-               claims_ended = m.claims_ended + 1
-         WHERE m.msg_id = ANY (retry)
-        RETURNING m.queue, m.priority, m.msg_id, m.claims_ended
-    ), ended AS (
-        -- The claims' ends, for the held set at commit.
-        SELECT pgqueue._held_end(array_agg(b.msg_id), array_agg(b.claims_ended)) FROM back b
-    )
-    SELECT coalesce(sum(n), 0) INTO rearmed
-      FROM (SELECT count(*) AS n, pgqueue._note(b.queue, count(*), 'claimed', 'ready', b.priority,
-                                                min(b.msg_id), max(b.msg_id))
-              FROM back b GROUP BY b.queue, b.priority) r, ended;
-    -- By their tokens, which tell the move that the ledger held them.
-    dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
-        exhausted, exhausted_tokens, 'dead', 'lease expired on the last attempt'));
-    PERFORM pgqueue._to_history(cancelled, cancelled_tokens, 'cancelled', NULL);
+    SELECT r.rearmed, r.dead_lettered INTO rearmed, dead_lettered
+      FROM pgqueue._release_expired(retry, exhausted, exhausted_tokens, cancelled, cancelled_tokens) r;
     RETURN NEXT;
 END
 $$;

@@ -13,8 +13,9 @@
 -- allows a cancel request on a 'ready' row.
 --
 -- The re-arm pass (worker and pgq_rearm) and the orphans step find such claims too: a new
--- batch function walks the ledger by claim_id (_rearm_ledger_batch), and a partial index on
--- the ledger's session-bound rows (claims_session_idx) serves the orphans step.
+-- batch function walks the ledger by claim_id (_rearm_ledger_batch; what both batch functions
+-- do with the claims they found is now _release_expired), and a partial index on the
+-- ledger's session-bound rows (claims_session_idx) serves the orphans step.
 --
 -- Views, functions and that index: no table of queue data is locked; the index takes a SHARE
 -- lock on pgqueue.claims (claims through the ledger wait for it; the ledger holds about one
@@ -307,6 +308,71 @@ $$;
 
 CREATE INDEX claims_session_idx ON pgqueue.claims (session_pid) WHERE session_pid IS NOT NULL;
 
+CREATE FUNCTION pgqueue._release_expired(retry bigint[], exhausted bigint[], exhausted_tokens uuid[],
+                                         cancelled bigint[], cancelled_tokens uuid[],
+                                         OUT rearmed bigint, OUT dead_lettered bigint)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    WITH back AS (
+        UPDATE pgqueue.message_rows m
+           SET state = 'ready', attempt = m.attempt + (m.state = 'ready')::integer, claim_token = NULL,
+               claimed_at = NULL, lease_expires_at = NULL, consumer = NULL, session_pid = NULL,
+               session_started = NULL, last_error = 'lease expired', claims_ended = m.claims_ended + 1
+         WHERE m.msg_id = ANY (retry)
+        RETURNING m.queue, m.priority, m.msg_id, m.claims_ended
+    ), ended AS (
+        -- The claims' ends, for the held set at commit.
+        SELECT pgqueue._held_end(array_agg(b.msg_id), array_agg(b.claims_ended)) FROM back b
+    )
+    SELECT coalesce(sum(n), 0) INTO rearmed
+      FROM (SELECT count(*) AS n, pgqueue._note(b.queue, count(*), 'claimed', 'ready', b.priority,
+                                                min(b.msg_id), max(b.msg_id))
+              FROM back b GROUP BY b.queue, b.priority) r, ended;
+    dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
+        exhausted, exhausted_tokens, 'dead', 'lease expired on the last attempt'));
+    -- Cancel requested and the holder gone: finished as cancelled, not retried.
+    PERFORM pgqueue._to_history(cancelled, cancelled_tokens, 'cancelled', NULL);
+END
+$$;
+REVOKE ALL ON FUNCTION pgqueue._release_expired(bigint[], bigint[], uuid[], bigint[], uuid[]) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgqueue._rearm_batch(after_msg_id bigint, max_rows integer, queue text DEFAULT NULL)
+RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_msg_id bigint, more boolean, first_msg_id bigint,
+               next_expiry timestamptz)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+#variable_conflict use_variable
+DECLARE
+    retry bigint[];
+    exhausted bigint[];
+    cancelled bigint[];
+    window_end bigint;
+    window_full boolean;
+BEGIN
+    SELECT min(w.msg_id), max(w.msg_id), count(*) >= 4 * max_rows, min(w.lease_expires_at)
+      INTO first_msg_id, window_end, window_full, next_expiry
+      FROM (SELECT m.msg_id, m.lease_expires_at FROM pgqueue.message_rows m
+             WHERE m.state = 'claimed' AND m.msg_id > after_msg_id
+             ORDER BY m.msg_id LIMIT 4 * max_rows) w;
+    SELECT coalesce(array_agg(e.msg_id) FILTER (WHERE NOT e.cancel AND e.attempt < e.max_attempts), '{}'),
+           coalesce(array_agg(e.msg_id) FILTER (WHERE NOT e.cancel AND e.attempt >= e.max_attempts), '{}'),
+           coalesce(array_agg(e.msg_id) FILTER (WHERE e.cancel), '{}'),
+           CASE WHEN count(*) >= max_rows THEN max(e.msg_id) ELSE window_end END,
+           count(*) >= max_rows OR window_full
+      INTO retry, exhausted, cancelled, last_msg_id, more
+      FROM (SELECT m.msg_id, m.attempt, q.max_attempts, m.cancel_requested_at IS NOT NULL AS cancel
+              FROM pgqueue.message_rows m JOIN pgqueue.queues q ON q.queue = m.queue
+             WHERE m.state = 'claimed' AND m.msg_id > after_msg_id AND m.msg_id <= window_end
+               AND m.lease_expires_at <= now()
+               AND (queue IS NULL OR m.queue = queue)
+             ORDER BY m.msg_id
+             LIMIT max_rows
+               FOR UPDATE OF m SKIP LOCKED) e;
+    SELECT r.rearmed, r.dead_lettered INTO rearmed, dead_lettered
+      FROM pgqueue._release_expired(retry, exhausted, NULL, cancelled, NULL) r;
+    RETURN NEXT;
+END
+$$;
+
 CREATE FUNCTION pgqueue._rearm_ledger_batch(after_claim_id bigint, max_rows integer, queue text DEFAULT NULL)
 RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_claim_id bigint, more boolean, next_expiry timestamptz)
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
@@ -355,24 +421,8 @@ BEGIN
      WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id
        AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number
        AND coalesce(m.lease_expires_at, c.lease_expires_at) > now();
-    WITH back AS (
-        UPDATE pgqueue.message_rows m
-           SET attempt = m.attempt + 1, lease_expires_at = NULL, last_error = 'lease expired',
-               claims_ended = m.claims_ended + 1
-         WHERE m.msg_id = ANY (retry)
-        RETURNING m.queue, m.priority, m.msg_id, m.claims_ended
-    ), ended AS (
-        -- The claims' ends, for the held set at commit.
-        SELECT pgqueue._held_end(array_agg(b.msg_id), array_agg(b.claims_ended)) FROM back b
-    )
-    SELECT coalesce(sum(n), 0) INTO rearmed
-      FROM (SELECT count(*) AS n, pgqueue._note(b.queue, count(*), 'claimed', 'ready', b.priority,
-                                                min(b.msg_id), max(b.msg_id))
-              FROM back b GROUP BY b.queue, b.priority) r, ended;
-    -- By their tokens, which tell the move that the ledger held them.
-    dead_lettered := (SELECT count(*) FROM pgqueue._to_history(
-        exhausted, exhausted_tokens, 'dead', 'lease expired on the last attempt'));
-    PERFORM pgqueue._to_history(cancelled, cancelled_tokens, 'cancelled', NULL);
+    SELECT r.rearmed, r.dead_lettered INTO rearmed, dead_lettered
+      FROM pgqueue._release_expired(retry, exhausted, exhausted_tokens, cancelled, cancelled_tokens) r;
     RETURN NEXT;
 END
 $$;
