@@ -9,7 +9,7 @@
 
 use crate::queue_state::{self, Key, State};
 use crate::recount;
-use crate::statement::has_column;
+use crate::statement::has_message_rows;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -186,7 +186,7 @@ fn first_free(queue: &str, priority: i16, after: i64, hint: i64) -> Option<i64> 
 /// The table the view `pgqueue.messages` reads (0.20.0 on): `xmax` is the table's. Until
 /// ALTER EXTENSION UPDATE from 0.19 or earlier, `pgqueue.messages` is that table.
 fn message_table() -> &'static str {
-    if has_column(c"message_rows", c"msg_id") { "pgqueue.message_rows" } else { "pgqueue.messages" }
+    if has_message_rows() { "pgqueue.message_rows" } else { "pgqueue.messages" }
 }
 
 /// (priority, lowest claimable msg_id, -, busy) per priority, and (-, -, earliest due time, -).

@@ -51,8 +51,13 @@ pub struct OnRows {
 impl OnRows {
     /// The statement for this database's layout (a catalog cache lookup).
     pub fn get(&self) -> &Statement {
-        if has_relation(c"message_rows") { &self.rows } else { &self.table }
+        if has_message_rows() { &self.rows } else { &self.table }
     }
+}
+
+/// Whether the hot table is `pgqueue.message_rows` (0.20.0 on), not `pgqueue.messages`.
+pub fn has_message_rows() -> bool {
+    has_relation(c"message_rows")
 }
 
 /// `on_rows!(args; "SELECT … FROM ", ROWS, " m …")`: an `OnRows` whose text names the hot
