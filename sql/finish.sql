@@ -303,13 +303,13 @@ $$;
 
 -- The same for claims only the claim ledger holds (a claim through the ledger leaves its row
 -- 'ready': step 3b of the write path), found from the ledger, which has no index by message:
--- a batch looks at the ledger's rows after after_claim_id in claim_id order, as many as hold
--- max_rows messages (at least one row). Of their live entries (the row 'ready' and at the
--- entry's claim number) those whose lease has ended (the row's, which renewals and the
--- orphans step set, else the one the claim granted) go back to ready with the claim counted
--- (attempt and claims_ended), or to dead letter or cancelled as above. `more` says there
--- may be more after last_claim_id; next_expiry is the earliest lease end of the live entries
--- it saw that had not ended.
+-- a batch looks at the ledger's rows (of `queue` if given) after after_claim_id in claim_id
+-- order, as many as hold max_rows messages (at least one row). Of their live entries (the
+-- row 'ready' and at the entry's claim number) those whose lease has ended (the row's, which
+-- renewals and the orphans step set, else the one the claim granted) go back to ready with
+-- the claim counted (attempt and claims_ended), or to dead letter or cancelled as above.
+-- `more` says there may be more after last_claim_id; next_expiry is the earliest lease end
+-- of the live entries it saw that it did not end.
 CREATE FUNCTION pgqueue._rearm_ledger_batch(after_claim_id bigint, max_rows integer, queue text DEFAULT NULL)
 RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_claim_id bigint, more boolean, next_expiry timestamptz)
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
@@ -327,7 +327,7 @@ BEGIN
       FROM (SELECT c.claim_id,
                    coalesce(sum(pg_catalog.cardinality(c.msg_ids))
                                 OVER (ORDER BY c.claim_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS earlier
-              FROM pgqueue.claims c WHERE c.claim_id > after_claim_id
+              FROM pgqueue.claims c WHERE c.claim_id > after_claim_id AND (queue IS NULL OR c.queue = queue)
              ORDER BY c.claim_id LIMIT max_rows) w;
     rearmed := 0;
     dead_lettered := 0;
@@ -347,19 +347,20 @@ BEGIN
                                         c.claim_id, m.msg_id, l.number) AS token
               FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number),
                    pgqueue.message_rows m, pgqueue.queues q
-             WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id
+             WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id AND (queue IS NULL OR c.queue = queue)
                AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number
                AND coalesce(m.lease_expires_at, c.lease_expires_at) <= now()
-               AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
+               AND q.queue = m.queue
              ORDER BY m.msg_id
                FOR UPDATE OF m SKIP LOCKED) e;
-    SELECT min(coalesce(m.lease_expires_at, c.lease_expires_at)) INTO next_expiry
-      FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number), pgqueue.message_rows m
-     WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id
-       AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number
-       AND coalesce(m.lease_expires_at, c.lease_expires_at) > now();
     SELECT r.rearmed, r.dead_lettered INTO rearmed, dead_lettered
       FROM pgqueue._release_expired(retry, exhausted, exhausted_tokens, cancelled, cancelled_tokens) r;
+    -- After the release, which ended what it re-armed: what is left live, an ended lease that
+    -- another session held locked included (the next pass then comes at once).
+    SELECT min(coalesce(m.lease_expires_at, c.lease_expires_at)) INTO next_expiry
+      FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number), pgqueue.message_rows m
+     WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id AND (queue IS NULL OR c.queue = queue)
+       AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number;
     RETURN NEXT;
 END
 $$;

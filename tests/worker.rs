@@ -4,7 +4,10 @@
 mod common;
 
 use common::server::Server;
-use common::{Client, connect, new_queue, send, state, unique_queue, wait_for};
+use common::{
+    Client, as_the_ledger_leaves_it, claim_one, connect, held_disagreements, message, message_row, new_queue, send,
+    send_many, state, unique_queue, wait_for,
+};
 use serde_json::json;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -382,6 +385,49 @@ fn a_session_bound_claim_comes_back_when_its_backend_dies() {
     let took = stat(&mut c, "ticks") - ticks;
     assert!(took <= 3, "claimable again within two ticks (took {took})");
     assert_eq!(state(&mut c, plain).as_deref(), Some("claimed"), "a plain claim waits for its lease");
+}
+
+/// 0.24.0: claims that only the claim ledger holds (their rows left 'ready', as claims through
+/// the ledger will leave them: step 3b of the write path) are re-armed by the worker's pass once
+/// their lease ends, and once a session-bound holder's backend exits (the orphans step, then
+/// the pass), with nobody calling anything.
+#[test]
+fn the_worker_rearms_claims_only_the_ledger_holds() {
+    let _serial = serial();
+    let mut c = connect();
+    c.batch_execute("SET pgqueue.claim_ledger = on").unwrap();
+    let q = new_queue(&mut c, ", lease => '1 hour'");
+    send_many(&mut c, &q, 2, "0");
+    // Its lease ends (the claim's, shortened by hand), and the worker is told so.
+    let m = claim_one(&mut c, &q, None);
+    let mut tx = c.transaction().unwrap();
+    as_the_ledger_leaves_it(&mut tx, m.id);
+    tx.execute(
+        "UPDATE pgqueue.claims SET lease_expires_at = now() - interval '1 s' WHERE $1 = ANY (msg_ids)",
+        &[&m.id],
+    )
+    .unwrap();
+    tx.execute("SELECT pgqueue._renewed(now() - interval '1 s')", &[]).unwrap();
+    tx.commit().unwrap();
+    wait_for("the worker to re-arm it", LIMIT, || (message_row(&mut c, m.id)?.2 == 1).then_some(()));
+    assert_eq!(message(&mut c, m.id).map(|m| (m.state, m.attempt)), Some(("ready".into(), 1)));
+
+    // A session-bound claim whose backend exits.
+    let mut holder = connect();
+    holder.batch_execute("SET pgqueue.claim_ledger = on").unwrap();
+    let bound: Uuid =
+        holder.query_one("SELECT claim_token FROM pgqueue.pgq_claim($1, session_bound => true)", &[&q]).unwrap().get(0);
+    let pid: i32 = holder.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    let id: i64 = c.query_one("SELECT msg_id FROM pgqueue.messages WHERE claim_token = $1", &[&bound]).unwrap().get(0);
+    as_the_ledger_leaves_it(&mut c, id);
+    let ended = message_row(&mut c, id).unwrap().2;
+    let ticks = stat(&mut c, "ticks");
+    wait_for("two ticks", LIMIT, || (stat(&mut c, "ticks") >= ticks + 2).then_some(()));
+    assert_eq!(message(&mut c, id).map(|m| m.state), Some("claimed".into()), "held while its session lives");
+    assert!(c.query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid]).unwrap().get::<_, bool>(0));
+    wait_for("the orphans step and the pass", LIMIT, || (message_row(&mut c, id)?.2 == ended + 1).then_some(()));
+    assert_eq!(message(&mut c, id).map(|m| m.state), Some("ready".into()));
+    assert!(held_disagreements(&mut c, &[&q]).is_empty(), "{:?}", held_disagreements(&mut c, &[&q]));
 }
 
 #[test]

@@ -390,7 +390,7 @@ BEGIN
       FROM (SELECT c.claim_id,
                    coalesce(sum(pg_catalog.cardinality(c.msg_ids))
                                 OVER (ORDER BY c.claim_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS earlier
-              FROM pgqueue.claims c WHERE c.claim_id > after_claim_id
+              FROM pgqueue.claims c WHERE c.claim_id > after_claim_id AND (queue IS NULL OR c.queue = queue)
              ORDER BY c.claim_id LIMIT max_rows) w;
     rearmed := 0;
     dead_lettered := 0;
@@ -410,19 +410,20 @@ BEGIN
                                         c.claim_id, m.msg_id, l.number) AS token
               FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number),
                    pgqueue.message_rows m, pgqueue.queues q
-             WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id
+             WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id AND (queue IS NULL OR c.queue = queue)
                AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number
                AND coalesce(m.lease_expires_at, c.lease_expires_at) <= now()
-               AND q.queue = m.queue AND (queue IS NULL OR m.queue = queue)
+               AND q.queue = m.queue
              ORDER BY m.msg_id
                FOR UPDATE OF m SKIP LOCKED) e;
-    SELECT min(coalesce(m.lease_expires_at, c.lease_expires_at)) INTO next_expiry
-      FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number), pgqueue.message_rows m
-     WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id
-       AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number
-       AND coalesce(m.lease_expires_at, c.lease_expires_at) > now();
     SELECT r.rearmed, r.dead_lettered INTO rearmed, dead_lettered
       FROM pgqueue._release_expired(retry, exhausted, exhausted_tokens, cancelled, cancelled_tokens) r;
+    -- After the release, which ended what it re-armed: what is left live, an ended lease that
+    -- another session held locked included (the next pass then comes at once).
+    SELECT min(coalesce(m.lease_expires_at, c.lease_expires_at)) INTO next_expiry
+      FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number), pgqueue.message_rows m
+     WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id AND (queue IS NULL OR c.queue = queue)
+       AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number;
     RETURN NEXT;
 END
 $$;

@@ -280,3 +280,27 @@ pub fn held_numbers(c: &mut impl GenericClient, msg_ids: &[i64]) -> Vec<i32> {
     .map(|r| r.get(0))
     .collect()
 }
+
+/// Leaves claimed message `id`'s row as a claim through the ledger leaves it (step 3b of the
+/// write path): 'ready', the claim's attempt not counted, no claim columns. Only the ledger
+/// holds it then.
+pub fn as_the_ledger_leaves_it(c: &mut impl GenericClient, id: i64) {
+    c.execute(
+        "UPDATE pgqueue.message_rows
+            SET state = 'ready', attempt = attempt - 1, claim_token = NULL, claimed_at = NULL, consumer = NULL,
+                lease_expires_at = NULL, session_pid = NULL, session_started = NULL
+          WHERE msg_id = $1 AND state = 'claimed'",
+        &[&id],
+    )
+    .unwrap();
+}
+
+/// (state, attempt, claims_ended, whether the row has a lease) of message `id`'s row.
+pub fn message_row(c: &mut impl GenericClient, id: i64) -> Option<(String, i32, i32, bool)> {
+    c.query_opt(
+        "SELECT state, attempt, claims_ended, lease_expires_at IS NOT NULL FROM pgqueue.message_rows WHERE msg_id = $1",
+        &[&id],
+    )
+    .unwrap()
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+}

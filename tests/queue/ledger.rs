@@ -10,7 +10,8 @@
 //! row, which fencing takes on the row's word (`random token` below).
 
 use crate::common::kit::{
-    Claimed, claim, claim_one, held_disagreements, ledger_disagreements, message, new_queue, send_many,
+    Claimed, as_the_ledger_leaves_it, claim, claim_one, held_disagreements, ledger_disagreements, message, message_row,
+    new_queue, send_many,
 };
 use crate::common::{Client, sqlstate};
 use postgres::GenericClient;
@@ -318,20 +319,6 @@ fn a_redriven_message_is_claimed_past_the_claims_the_ledger_still_lists() {
     assert!(ledger_disagreements(&mut c, &[&q]).is_empty());
 }
 
-/// Leaves claimed message `id`'s row as a claim through the ledger leaves it (step 3b of the
-/// write path): 'ready', the claim's attempt not counted, no claim columns. Only the ledger
-/// holds it then.
-fn as_the_ledger_leaves_it(c: &mut impl GenericClient, id: i64) {
-    c.execute(
-        "UPDATE pgqueue.message_rows
-            SET state = 'ready', attempt = attempt - 1, claim_token = NULL, claimed_at = NULL, consumer = NULL,
-                lease_expires_at = NULL, session_pid = NULL, session_started = NULL
-          WHERE msg_id = $1 AND state = 'claimed'",
-        &[&id],
-    )
-    .unwrap();
-}
-
 /// (outcome, attempt) of message `id` of queue `q` in the history. By queue: a read by msg_id
 /// alone locks every queue's history partitions until the transaction ends, and these
 /// tests keep theirs open while other tests drop their queues.
@@ -339,16 +326,6 @@ fn finished(c: &mut impl GenericClient, q: &str, id: i64) -> Option<(String, i32
     c.query_opt("SELECT outcome, attempt FROM pgqueue.history WHERE queue = $1 AND msg_id = $2", &[&q, &id])
         .unwrap()
         .map(|r| (r.get(0), r.get(1)))
-}
-
-/// (state, attempt, claims_ended, whether the row has a lease) of message `id`'s row.
-fn row(c: &mut impl GenericClient, id: i64) -> Option<(String, i32, i32, bool)> {
-    c.query_opt(
-        "SELECT state, attempt, claims_ended, lease_expires_at IS NOT NULL FROM pgqueue.message_rows WHERE msg_id = $1",
-        &[&id],
-    )
-    .unwrap()
-    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
 }
 
 /// 0.24.0: each fencing call takes a claim that only the ledger holds, on a row left 'ready'
@@ -366,7 +343,7 @@ fn fencing_takes_a_claim_only_the_ledger_holds_on_a_row_left_ready() {
         let other = claim_one(&mut c, &q, None);
         let mut tx = c.transaction().unwrap();
         as_the_ledger_leaves_it(&mut tx, m.id);
-        assert_eq!(row(&mut tx, m.id), Some(("ready".into(), 0, 0, false)));
+        assert_eq!(message_row(&mut tx, m.id), Some(("ready".into(), 0, 0, false)));
         let shown = message(&mut tx, m.id).unwrap();
         assert_eq!(
             (shown.state.as_str(), shown.token, shown.attempt),
@@ -377,7 +354,7 @@ fn fencing_takes_a_claim_only_the_ledger_holds_on_a_row_left_ready() {
             assert!(!took(&mut tx, sql, m.id, token).unwrap(), "{name}: a stale token, refused quietly");
         }
         assert!(took(&mut tx, sql, m.id, m.token).unwrap_or_else(|e| panic!("{name}: {e}")), "{name}: taken");
-        let after = row(&mut tx, m.id);
+        let after = message_row(&mut tx, m.id);
         let moved = finished(&mut tx, &q, m.id);
         match name {
             "pgq_fail" => assert_eq!(moved, Some(("dead".into(), 1)), "{name}"),
@@ -418,7 +395,7 @@ fn fencing_takes_a_claim_only_the_ledger_holds_on_a_row_left_ready() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(cancelled, [m.id]);
-    assert_eq!(row(&mut tx, m.id), Some(("ready".into(), 0, 0, false)), "marked, not moved");
+    assert_eq!(message_row(&mut tx, m.id), Some(("ready".into(), 0, 0, false)), "marked, not moved");
     assert_eq!(message(&mut tx, m.id).map(|m| m.state), Some("claimed".into()));
     assert!(!took(&mut tx, "SELECT pgqueue.pgq_renew($1::bigint, $2::uuid)", m.id, m.token).unwrap());
     assert!(took(&mut tx, "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", m.id, m.token).unwrap());
@@ -442,8 +419,7 @@ fn fencing_takes_a_claim_only_the_ledger_holds_on_a_row_left_ready() {
 /// lease in force (a renewal's on the row, else the claim's): an ended one goes back to ready
 /// with its attempt counted, to dead letter on its last attempt, or to history as cancelled
 /// if a cancel was requested; a renewed one stays. `pgq_rearm` in one transaction with the
-/// rows' change (no tick sees them); then the worker, told that a lease ended; then the
-/// orphans step, for a session-bound claim whose session exits.
+/// rows' change; then the orphans step, for a session-bound claim whose session exits.
 #[test]
 fn the_rearm_pass_and_the_orphans_step_find_claims_only_the_ledger_holds() {
     let mut c = connect();
@@ -465,9 +441,9 @@ fn the_rearm_pass_and_the_orphans_step_find_claims_only_the_ledger_holds() {
     tx.execute("UPDATE pgqueue.message_rows SET attempt = 1 WHERE msg_id = $1", &[&ids[3]]).unwrap();
     let r = tx.query_one("SELECT rearmed, dead_lettered FROM pgqueue.pgq_rearm(queue => $1)", &[&q]).unwrap();
     assert_eq!((r.get::<_, i64>(0), r.get::<_, i64>(1)), (1, 1));
-    assert_eq!(row(&mut tx, ids[0]), Some(("ready".into(), 1, 1, false)), "re-armed, the attempt counted");
+    assert_eq!(message_row(&mut tx, ids[0]), Some(("ready".into(), 1, 1, false)), "re-armed, the attempt counted");
     assert_eq!(message(&mut tx, ids[0]).map(|m| m.state), Some("ready".into()));
-    assert_eq!(row(&mut tx, ids[1]), Some(("ready".into(), 0, 0, true)), "renewed: held");
+    assert_eq!(message_row(&mut tx, ids[1]), Some(("ready".into(), 0, 0, true)), "renewed: held");
     assert_eq!(message(&mut tx, ids[1]).map(|m| m.state), Some("claimed".into()));
     let ended = |tx: &mut postgres::Transaction, id: i64| finished(tx, &q, id);
     assert_eq!(ended(&mut tx, ids[2]), Some(("cancelled".into(), 1)));
@@ -477,31 +453,25 @@ fn the_rearm_pass_and_the_orphans_step_find_claims_only_the_ledger_holds() {
     assert!(took(&mut c, "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", ms[1].id, ms[1].token).unwrap());
     assert!(held_disagreements(&mut c, &[&q]).is_empty(), "{:?}", held_disagreements(&mut c, &[&q]));
 
-    // The worker, told that a lease ended (as a renewal that shortened one would tell it).
+    // A session-bound claim whose session exits: the orphans step expires it, the pass re-arms
+    // it (called here: the worker is off in this binary; tests/worker.rs has the worker's).
     let q = new_queue(&mut c, ", lease => '1 hour'");
     send_many(&mut c, &q, 2, "0");
-    let m = claim_one(&mut c, &q, None);
-    let mut tx = c.transaction().unwrap();
-    as_the_ledger_leaves_it(&mut tx, m.id);
-    tx.execute(
-        "UPDATE pgqueue.claims SET lease_expires_at = now() - interval '1 s' WHERE $1 = ANY (msg_ids)",
-        &[&m.id],
-    )
-    .unwrap();
-    tx.execute("SELECT pgqueue._renewed(now() - interval '1 s')", &[]).unwrap();
-    tx.commit().unwrap();
-    let limit = std::time::Duration::from_secs(30);
-    crate::common::wait_for("the worker to re-arm it", limit, || (row(&mut c, m.id)?.2 == 1).then_some(()));
-    assert_eq!(message(&mut c, m.id).map(|m| (m.state, m.attempt)), Some(("ready".into(), 1)));
-
-    // A session-bound claim whose session exits: the orphans step expires it, the pass re-arms it.
     let mut holder = connect();
     let bound: Uuid =
         holder.query_one("SELECT claim_token FROM pgqueue.pgq_claim($1, session_bound => true)", &[&q]).unwrap().get(0);
+    let pid: i32 = holder.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
     let id: i64 = c.query_one("SELECT msg_id FROM pgqueue.messages WHERE claim_token = $1", &[&bound]).unwrap().get(0);
     as_the_ledger_leaves_it(&mut c, id);
     assert_eq!(message(&mut c, id).map(|m| m.state), Some("claimed".into()));
-    drop(holder);
-    crate::common::wait_for("the orphans step and the pass", limit, || (row(&mut c, id)?.2 == 1).then_some(()));
+    let rearm = |c: &mut Client| -> i64 {
+        c.query_one("SELECT rearmed FROM pgqueue.pgq_rearm(queue => $1)", &[&q]).unwrap().get(0)
+    };
+    c.query_one("SELECT pgqueue._expire_orphaned_claims()", &[]).unwrap();
+    assert_eq!(rearm(&mut c), 0, "its session lives");
+    assert!(c.query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid]).unwrap().get::<_, bool>(0));
+    c.query_one("SELECT pgqueue._expire_orphaned_claims()", &[]).unwrap();
+    assert_eq!(rearm(&mut c), 1);
+    assert_eq!(message_row(&mut c, id), Some(("ready".into(), 1, 1, false)));
     assert!(held_disagreements(&mut c, &[&q]).is_empty(), "{:?}", held_disagreements(&mut c, &[&q]));
 }
