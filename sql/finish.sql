@@ -167,18 +167,14 @@ BEGIN
     -- Locked in msg_id order (overlapping cancels cannot deadlock), after any claim or finish
     -- under way: its outcome decides what is left to cancel. A 'ready' row is held if a live
     -- entry of the claim ledger holds it (a claim through the ledger leaves the row as it
-    -- was: step 3b of the write path); cancels are rare, so the ledger's rows of the queue are
-    -- read for it.
+    -- was: step 3b of the write path); cancels are rare, so the queue's ledger rows are read.
     SELECT coalesce(array_agg(l.msg_id) FILTER (WHERE NOT l.held), '{}'),
            coalesce(array_agg(l.msg_id) FILTER (WHERE l.held AND l.cancel_requested_at IS NULL), '{}')
       INTO waiting, running
       FROM (SELECT m.msg_id, m.cancel_requested_at,
                    m.state = 'claimed'
                    OR (m.state = 'ready'
-                       AND EXISTS (SELECT FROM pgqueue.claims c
-                                    WHERE c.queue = m.queue
-                                      AND c.claim_numbers[pg_catalog.array_position(c.msg_ids, m.msg_id)]
-                                          = m.claims_ended + 1)) AS held
+                       AND EXISTS (SELECT FROM pgqueue._ledger_held(m.queue) h WHERE h.msg_id = m.msg_id)) AS held
               FROM pgqueue.message_rows m
              WHERE m.msg_id = ANY (msg_ids) AND (queue IS NULL OR m.queue = queue)
              ORDER BY m.msg_id

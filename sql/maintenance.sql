@@ -76,7 +76,8 @@ END;
 -- Step "reconcile" (src/reconcile.rs): for each priority the shared state lists, its lowest
 -- claimable msg_id; then, in the gaps between the listed priorities, any priority it does not
 -- list (a loose index scan: one probe per priority found); and the earliest due time.
--- Rows with a NULL priority carry only the due time. `busy`: another transaction has the
+-- Rows with a NULL priority carry only the due time. A 'ready' row that only the claim ledger
+-- holds is not claimable (its queue's list is read once). `busy`: another transaction has the
 -- message locked or changed (a claim under way, or one just rolled back), so a hint above it
 -- is no sign of a missed lowering.
 CREATE FUNCTION pgqueue._claimable(queue text, priorities smallint[])
@@ -89,6 +90,7 @@ DECLARE
     below integer;
     listed smallint[] := ARRAY(SELECT l FROM unnest(priorities) l ORDER BY l DESC);
     i integer := 1;
+    ledger_held bigint[] := ARRAY(SELECT h.msg_id FROM pgqueue._ledger_held(queue) h);
 BEGIN
     due := NULL;
     LOOP
@@ -97,6 +99,7 @@ BEGIN
         LOOP
             SELECT m.priority, m.msg_id, m.xmax <> '0' INTO priority, msg_id, busy FROM pgqueue.message_rows m
              WHERE m.queue = queue AND m.state = 'ready' AND m.priority < above AND m.priority > below
+               AND m.msg_id NOT IN (SELECT unnest(ledger_held))
              ORDER BY m.priority DESC, m.msg_id LIMIT 1;
             EXIT WHEN NOT FOUND;
             RETURN NEXT;
@@ -106,6 +109,7 @@ BEGIN
         p := listed[i];
         SELECT m.msg_id, m.xmax <> '0' INTO msg_id, busy FROM pgqueue.message_rows m
          WHERE m.queue = queue AND m.state = 'ready' AND m.priority = p
+           AND m.msg_id NOT IN (SELECT unnest(ledger_held))
          ORDER BY m.msg_id LIMIT 1;
         IF FOUND THEN
             priority := p;

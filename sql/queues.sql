@@ -117,6 +117,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock
 DECLARE
     in_flight bigint;
     ended integer;
+    held bigint[];
+    held_numbers integer[];
     parents bigint[];
     children bigint[];
 BEGIN
@@ -133,6 +135,10 @@ BEGIN
     PERFORM FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue FOR UPDATE;
     SELECT count(*) INTO in_flight FROM pgqueue.message_rows m
      WHERE m.queue = pgq_drop_queue.queue AND m.state = 'claimed';
+    -- And the claims only the claim ledger holds (their rows left 'ready').
+    SELECT array_agg(h.msg_id), array_agg(h.number) INTO held, held_numbers
+      FROM pgqueue._ledger_held(pgq_drop_queue.queue) h;
+    in_flight := in_flight + coalesce(pg_catalog.cardinality(held), 0);
     IF in_flight > 0 AND NOT force THEN
         RAISE EXCEPTION 'pgqueue: queue "%" has % claimed messages', queue, in_flight
             USING ERRCODE = 'object_in_use',
@@ -148,6 +154,7 @@ BEGIN
            pgqueue._held_end(array_agg(g.msg_id) FILTER (WHERE g.number IS NOT NULL),
                              array_agg(g.number) FILTER (WHERE g.number IS NOT NULL))
       INTO parents, children, ended FROM gone g;
+    ended := pgqueue._held_end(held, held_numbers);
     -- Children in other queues: their parents were deleted (on_parent_failure applies).
     IF parents IS NOT NULL OR children IS NOT NULL THEN
         PERFORM pgqueue._finish_dependencies(coalesce(parents, '{}'),

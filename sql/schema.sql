@@ -130,6 +130,8 @@ CREATE TABLE pgqueue.claims (
 -- Session-bound claims, for the orphans step (sql/maintenance.sql): the claims only the
 -- ledger holds have their session here alone (0.24.0).
 CREATE INDEX claims_session_idx ON pgqueue.claims (session_pid) WHERE session_pid IS NOT NULL;
+-- A queue's rows: what its readers, cancels, drops and re-arms look at (0.24.0).
+CREATE INDEX claims_queue_idx ON pgqueue.claims (queue, claim_id);
 
 -- The installation's secret for claim tokens (16 random bytes), readable by its owner only.
 -- The oldest row is the key: a restore adds the dumped key, older than the one its CREATE

@@ -93,14 +93,17 @@ SELECT s.name, s.queue, s.cron, s.time_zone, s.paused, s.missed, s.grace,
        s.runs, s.missed_runs, s.failures, s.last_error, s.last_error_at, s.created_at
   FROM pgqueue.schedules s;
 
--- A queue's exact depth by state (what the tick recounts the shared depths from).
+-- A queue's exact depth by state (what the tick recounts the shared depths from). A 'ready'
+-- row that only the claim ledger holds counts as claimed.
 CREATE FUNCTION pgqueue._depth(queue text, OUT ready bigint, OUT delayed bigint, OUT claimed bigint)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT count(*) FILTER (WHERE m.state = 'ready'),
-           count(*) FILTER (WHERE m.state = 'delayed'),
-           count(*) FILTER (WHERE m.state = 'claimed')
-      FROM pgqueue.message_rows m WHERE m.queue = _depth.queue;
+    SELECT r.ready - h.held, r.delayed, r.claimed + h.held
+      FROM (SELECT count(*) FILTER (WHERE m.state = 'ready') AS ready,
+                   count(*) FILTER (WHERE m.state = 'delayed') AS delayed,
+                   count(*) FILTER (WHERE m.state = 'claimed') AS claimed
+              FROM pgqueue.message_rows m WHERE m.queue = _depth.queue) r,
+           (SELECT count(*) AS held FROM pgqueue._ledger_held(_depth.queue) l) h;
 END;
 
 -- A queue's dead letters, counted in its own history partitions only (a query of
@@ -137,13 +140,15 @@ SELECT q.queue,
   LEFT JOIN pgqueue._dead_letters() d ON d.queue = q.queue;
 
 -- When the oldest ready message of `queue` was sent: the first by msg_id of each priority, read
--- from the ready index's head (a skip scan over its priorities). A function so that the
+-- from the ready index's head (a skip scan over its priorities), past the rows that only the
+-- claim ledger holds (a hashed list of the queue's). A function so that the
 -- overview's plan is costed as cheap as it runs: inlined, a thousand queues' probes made the
 -- planner compile the statement (JIT), which took 20 times longer than the probes.
 CREATE FUNCTION pgqueue._oldest_ready(queue text) RETURNS timestamptz
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    WITH RECURSIVE p(priority) AS (
+    WITH RECURSIVE held AS MATERIALIZED (SELECT l.msg_id FROM pgqueue._ledger_held(_oldest_ready.queue) l),
+    p(priority) AS (
          SELECT (SELECT max(m.priority) FROM pgqueue.message_rows m
                   WHERE m.queue = _oldest_ready.queue AND m.state = 'ready')
           UNION ALL
@@ -152,6 +157,7 @@ BEGIN ATOMIC
            FROM p WHERE p.priority IS NOT NULL)
     SELECT min((SELECT m.enqueued_at FROM pgqueue.message_rows m
                  WHERE m.queue = _oldest_ready.queue AND m.state = 'ready' AND m.priority = p.priority
+                   AND m.msg_id NOT IN (SELECT held.msg_id FROM held)
                  ORDER BY m.msg_id LIMIT 1))
       FROM p WHERE p.priority IS NOT NULL;
 END;
@@ -160,16 +166,19 @@ END;
 -- history (for consoles and dashboards): the depths and dead letters of queue_depth
 -- (NULL where the shared state does not know them: pgqueue.queue_stats counts),
 -- the age of the oldest ready message (the first by msg_id of each priority, read from the
--- ready index's head) and the claims past their lease (read from the in-flight index).
+-- ready index's head) and the claims past their lease (read from the in-flight index, and
+-- from the claim ledger for the claims only it holds).
 CREATE VIEW pgqueue.queue_overview AS
 SELECT q.queue, q.paused, d.tracked, d.ready, d.delayed, d.claimed, d.dead, d.waiting_claims,
        now() - pgqueue._oldest_ready(q.queue) AS oldest_ready_age,
-       coalesce(x.expired_claims, 0) AS expired_claims
+       coalesce(x.expired_claims, 0) + l.expired_claims AS expired_claims
   FROM pgqueue.queues q
   JOIN pgqueue.queue_depth d ON d.queue = q.queue
   LEFT JOIN (SELECT m.queue, count(*) AS expired_claims
                FROM pgqueue.message_rows m WHERE m.state = 'claimed' AND m.lease_expires_at <= now()
-              GROUP BY m.queue) x ON x.queue = q.queue;
+              GROUP BY m.queue) x ON x.queue = q.queue
+ CROSS JOIN LATERAL (SELECT count(*) AS expired_claims FROM pgqueue._ledger_held(q.queue) h
+                      WHERE h.lease_expires_at <= now()) l;
 
 -- The shared state's use, for the whole server: max_queues (pgqueue.max_queues), queues
 -- tracked now, and how many times a queue found it full (its claims then scan from the

@@ -17,9 +17,29 @@
 -- do with the claims they found is now _release_expired), and a partial index on the
 -- ledger's session-bound rows (claims_session_idx) serves the orphans step.
 --
--- Views, functions and that index: no table of queue data is locked; the index takes a SHARE
--- lock on pgqueue.claims (claims through the ledger wait for it; the ledger holds about one
--- row per claim call in flight).
+-- The counts and checks take such claims as claimed, through one reader of a queue's claims
+-- only the ledger holds (_ledger_held, by a new index of the ledger by queue,
+-- claims_queue_idx): the exact depths (_depth), the overview's oldest ready message and
+-- expired claims, the tick's check of the claim hints (_claimable), and pgq_drop_queue's
+-- refusal while messages are claimed.
+--
+-- Views, functions and two indexes: no table of queue data is locked; the indexes take a
+-- SHARE lock on pgqueue.claims (claims through the ledger wait for it; the ledger holds about
+-- one row per claim call in flight).
+
+CREATE INDEX claims_queue_idx ON pgqueue.claims (queue, claim_id);
+
+CREATE FUNCTION pgqueue._ledger_held(queue text)
+RETURNS TABLE (msg_id bigint, number integer, lease_expires_at timestamptz)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT m.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at)
+      FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number), pgqueue.message_rows m
+     WHERE c.queue = _ledger_held.queue
+       AND m.msg_id = e.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = e.number;
+END;
+
+REVOKE ALL ON FUNCTION pgqueue._ledger_held(text) FROM PUBLIC;
 
 CREATE OR REPLACE VIEW pgqueue.messages AS
 SELECT r.msg_id, r.queue, CASE WHEN e.claim_id IS NULL THEN r.state ELSE 'claimed' END AS state, r.priority,
@@ -196,18 +216,14 @@ BEGIN
     -- Locked in msg_id order (overlapping cancels cannot deadlock), after any claim or finish
     -- under way: its outcome decides what is left to cancel. A 'ready' row is held if a live
     -- entry of the claim ledger holds it (a claim through the ledger leaves the row as it
-    -- was: step 3b of the write path); cancels are rare, so the ledger's rows of the queue are
-    -- read for it.
+    -- was: step 3b of the write path); cancels are rare, so the queue's ledger rows are read.
     SELECT coalesce(array_agg(l.msg_id) FILTER (WHERE NOT l.held), '{}'),
            coalesce(array_agg(l.msg_id) FILTER (WHERE l.held AND l.cancel_requested_at IS NULL), '{}')
       INTO waiting, running
       FROM (SELECT m.msg_id, m.cancel_requested_at,
                    m.state = 'claimed'
                    OR (m.state = 'ready'
-                       AND EXISTS (SELECT FROM pgqueue.claims c
-                                    WHERE c.queue = m.queue
-                                      AND c.claim_numbers[pg_catalog.array_position(c.msg_ids, m.msg_id)]
-                                          = m.claims_ended + 1)) AS held
+                       AND EXISTS (SELECT FROM pgqueue._ledger_held(m.queue) h WHERE h.msg_id = m.msg_id)) AS held
               FROM pgqueue.message_rows m
              WHERE m.msg_id = ANY (msg_ids) AND (queue IS NULL OR m.queue = queue)
              ORDER BY m.msg_id
@@ -499,3 +515,148 @@ BEGIN ATOMIC
     SELECT coalesce(pgqueue._held_renew(array_agg(e.msg_id), array_agg(e.number), array_agg(e.lease_expires_at)), 0)::bigint
       FROM expired e;
 END;
+
+CREATE OR REPLACE FUNCTION pgqueue._depth(queue text, OUT ready bigint, OUT delayed bigint, OUT claimed bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT r.ready - h.held, r.delayed, r.claimed + h.held
+      FROM (SELECT count(*) FILTER (WHERE m.state = 'ready') AS ready,
+                   count(*) FILTER (WHERE m.state = 'delayed') AS delayed,
+                   count(*) FILTER (WHERE m.state = 'claimed') AS claimed
+              FROM pgqueue.message_rows m WHERE m.queue = _depth.queue) r,
+           (SELECT count(*) AS held FROM pgqueue._ledger_held(_depth.queue) l) h;
+END;
+
+CREATE OR REPLACE FUNCTION pgqueue._oldest_ready(queue text) RETURNS timestamptz
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH RECURSIVE held AS MATERIALIZED (SELECT l.msg_id FROM pgqueue._ledger_held(_oldest_ready.queue) l),
+    p(priority) AS (
+         SELECT (SELECT max(m.priority) FROM pgqueue.message_rows m
+                  WHERE m.queue = _oldest_ready.queue AND m.state = 'ready')
+          UNION ALL
+         SELECT (SELECT max(m.priority) FROM pgqueue.message_rows m
+                  WHERE m.queue = _oldest_ready.queue AND m.state = 'ready' AND m.priority < p.priority)
+           FROM p WHERE p.priority IS NOT NULL)
+    SELECT min((SELECT m.enqueued_at FROM pgqueue.message_rows m
+                 WHERE m.queue = _oldest_ready.queue AND m.state = 'ready' AND m.priority = p.priority
+                   AND m.msg_id NOT IN (SELECT held.msg_id FROM held)
+                 ORDER BY m.msg_id LIMIT 1))
+      FROM p WHERE p.priority IS NOT NULL;
+END;
+
+CREATE OR REPLACE FUNCTION pgqueue._claimable(queue text, priorities smallint[])
+RETURNS TABLE (priority smallint, msg_id bigint, due timestamptz, busy boolean)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    p smallint;
+    above integer := 1001;  -- priorities are between -1000 and 1000
+    below integer;
+    listed smallint[] := ARRAY(SELECT l FROM unnest(priorities) l ORDER BY l DESC);
+    i integer := 1;
+    ledger_held bigint[] := ARRAY(SELECT h.msg_id FROM pgqueue._ledger_held(queue) h);
+BEGIN
+    due := NULL;
+    LOOP
+        below := CASE WHEN i <= cardinality(listed) THEN listed[i] ELSE -1001 END;
+        -- Unlisted priorities strictly between `above` and `below`, highest first.
+        LOOP
+            SELECT m.priority, m.msg_id, m.xmax <> '0' INTO priority, msg_id, busy FROM pgqueue.message_rows m
+             WHERE m.queue = queue AND m.state = 'ready' AND m.priority < above AND m.priority > below
+               AND m.msg_id NOT IN (SELECT unnest(ledger_held))
+             ORDER BY m.priority DESC, m.msg_id LIMIT 1;
+            EXIT WHEN NOT FOUND;
+            RETURN NEXT;
+            above := priority;
+        END LOOP;
+        EXIT WHEN i > cardinality(listed);
+        p := listed[i];
+        SELECT m.msg_id, m.xmax <> '0' INTO msg_id, busy FROM pgqueue.message_rows m
+         WHERE m.queue = queue AND m.state = 'ready' AND m.priority = p
+           AND m.msg_id NOT IN (SELECT unnest(ledger_held))
+         ORDER BY m.msg_id LIMIT 1;
+        IF FOUND THEN
+            priority := p;
+            RETURN NEXT;
+        END IF;
+        above := p;
+        i := i + 1;
+    END LOOP;
+    priority := NULL;
+    msg_id := NULL;
+    busy := NULL;
+    due := (SELECT min(m.visible_at) FROM pgqueue.message_rows m WHERE m.queue = queue AND m.state = 'delayed');
+    RETURN NEXT;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgqueue.pgq_drop_queue(queue text, force boolean DEFAULT false) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '5s' AS $$
+DECLARE
+    in_flight bigint;
+    ended integer;
+    held bigint[];
+    held_numbers integer[];
+    parents bigint[];
+    children bigint[];
+BEGIN
+    PERFORM pgqueue._require(force, 'force');
+    PERFORM pgqueue._queue(queue);
+    -- The messages of sends that commit while this waits for the queue's row must be
+    -- visible to the DELETE below: only a fresh snapshot per statement sees them.
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgqueue: pgq_drop_queue runs only in a READ COMMITTED transaction'
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
+    -- Lock the queue row: sends under way (they lock it FOR KEY SHARE, see _lock_queue)
+    -- commit first, and no new one starts until this commits.
+    PERFORM FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue FOR UPDATE;
+    SELECT count(*) INTO in_flight FROM pgqueue.message_rows m
+     WHERE m.queue = pgq_drop_queue.queue AND m.state = 'claimed';
+    -- And the claims only the claim ledger holds (their rows left 'ready').
+    SELECT array_agg(h.msg_id), array_agg(h.number) INTO held, held_numbers
+      FROM pgqueue._ledger_held(pgq_drop_queue.queue) h;
+    in_flight := in_flight + coalesce(pg_catalog.cardinality(held), 0);
+    IF in_flight > 0 AND NOT force THEN
+        RAISE EXCEPTION 'pgqueue: queue "%" has % claimed messages', queue, in_flight
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'Wait for the consumers to finish, or pass force => true.';
+    END IF;
+    WITH gone AS (
+        DELETE FROM pgqueue.message_rows m WHERE m.queue = pgq_drop_queue.queue
+        RETURNING m.msg_id, m.has_dependents, m.after IS NOT NULL AS child,
+                  CASE WHEN m.state = 'claimed' THEN m.claims_ended + 1 END AS number
+    )
+    -- Claims ended with their messages: for the held set at commit.
+    SELECT array_agg(g.msg_id) FILTER (WHERE g.has_dependents), array_agg(g.msg_id) FILTER (WHERE g.child),
+           pgqueue._held_end(array_agg(g.msg_id) FILTER (WHERE g.number IS NOT NULL),
+                             array_agg(g.number) FILTER (WHERE g.number IS NOT NULL))
+      INTO parents, children, ended FROM gone g;
+    ended := pgqueue._held_end(held, held_numbers);
+    -- Children in other queues: their parents were deleted (on_parent_failure applies).
+    IF parents IS NOT NULL OR children IS NOT NULL THEN
+        PERFORM pgqueue._finish_dependencies(coalesce(parents, '{}'),
+            pg_catalog.array_fill('deleted'::text, ARRAY[coalesce(pg_catalog.cardinality(parents), 0)]),
+            coalesce(children, '{}'));
+    END IF;
+    DELETE FROM pgqueue.dedup_keys d WHERE d.queue = pgq_drop_queue.queue;
+    DELETE FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue;
+    PERFORM pgqueue._reset_queue(queue);  -- at commit; its waiting claims then find it gone
+    -- Dropping a partition locks pgqueue.history exclusively: wait for that at most
+    -- lock_timeout (5 s, this function's setting), then fail with 55P03 and change nothing.
+    EXECUTE pg_catalog.format('DROP TABLE pgqueue.%I', pgqueue._history_table(queue));
+END
+$$;
+
+CREATE OR REPLACE VIEW pgqueue.queue_overview AS
+SELECT q.queue, q.paused, d.tracked, d.ready, d.delayed, d.claimed, d.dead, d.waiting_claims,
+       now() - pgqueue._oldest_ready(q.queue) AS oldest_ready_age,
+       coalesce(x.expired_claims, 0) + l.expired_claims AS expired_claims
+  FROM pgqueue.queues q
+  JOIN pgqueue.queue_depth d ON d.queue = q.queue
+  LEFT JOIN (SELECT m.queue, count(*) AS expired_claims
+               FROM pgqueue.message_rows m WHERE m.state = 'claimed' AND m.lease_expires_at <= now()
+              GROUP BY m.queue) x ON x.queue = q.queue
+ CROSS JOIN LATERAL (SELECT count(*) AS expired_claims FROM pgqueue._ledger_held(q.queue) h
+                      WHERE h.lease_expires_at <= now()) l;

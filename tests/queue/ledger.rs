@@ -475,3 +475,55 @@ fn the_rearm_pass_and_the_orphans_step_find_claims_only_the_ledger_holds() {
     assert_eq!(message_row(&mut c, id), Some(("ready".into(), 1, 1, false)));
     assert!(held_disagreements(&mut c, &[&q]).is_empty(), "{:?}", held_disagreements(&mut c, &[&q]));
 }
+
+/// 0.24.0: the counts and checks take a message that only the ledger holds (its row left
+/// 'ready') as claimed: the exact depth the tick recounts from, pgqueue.queue_stats, the
+/// overview's oldest ready message and expired claims, the tick's check of the claim hints
+/// (which must not find such a row claimable below its hint), and pgq_drop_queue, which
+/// refuses while messages are claimed and, forced, ends their held-set entries.
+#[test]
+fn counts_and_checks_take_a_claim_only_the_ledger_holds_as_claimed() {
+    let mut c = connect();
+    let q = new_queue(&mut c, ", lease => '1 hour'");
+    let ids = send_many(&mut c, &q, 3, "0");
+    let held = claim(&mut c, &q, 2, None);
+    assert_eq!(held.iter().map(|m| m.id).collect::<Vec<_>>(), ids[..2]);
+    assert_eq!(crate::common::kit::held_numbers(&mut c, &ids[..2]), [1, 1]);
+    let mut tx = c.transaction().unwrap();
+    for m in &held {
+        as_the_ledger_leaves_it(&mut tx, m.id);
+    }
+    let depth = tx.query_one("SELECT ready, delayed, claimed FROM pgqueue._depth($1)", &[&q]).unwrap();
+    assert_eq!((depth.get::<_, i64>(0), depth.get::<_, i64>(1), depth.get::<_, i64>(2)), (1, 0, 2));
+    let stats = tx.query_one("SELECT ready, claimed FROM pgqueue.queue_stats WHERE queue = $1", &[&q]).unwrap();
+    assert_eq!((stats.get::<_, i64>(0), stats.get::<_, i64>(1)), (1, 2));
+    let claimable: Vec<(i16, i64)> = tx
+        .query("SELECT priority, msg_id FROM pgqueue._claimable($1, '{0}') WHERE priority IS NOT NULL", &[&q])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(claimable, [(0, ids[2])], "the first free message, past the held ones");
+    let oldest: bool = tx
+        .query_one(
+            "SELECT pgqueue._oldest_ready($1) = enqueued_at FROM pgqueue.message_rows WHERE msg_id = $2",
+            &[&q, &ids[2]],
+        )
+        .unwrap()
+        .get(0);
+    assert!(oldest, "the oldest ready message is the free one");
+    let expired = |tx: &mut postgres::Transaction| -> i64 {
+        tx.query_one("SELECT expired_claims FROM pgqueue.queue_overview WHERE queue = $1", &[&q]).unwrap().get(0)
+    };
+    assert_eq!(expired(&mut tx), 0);
+    tx.execute("UPDATE pgqueue.claims SET lease_expires_at = now() - interval '1 s' WHERE queue = $1", &[&q]).unwrap();
+    assert_eq!(expired(&mut tx), 2);
+
+    let mut sp = tx.savepoint("refused").unwrap();
+    assert_eq!(sqlstate(sp.execute("SELECT pgqueue.pgq_drop_queue($1)", &[&q])), "55006");
+    sp.rollback().unwrap();
+    // Forced (its history's partitions locked until the commit: at once).
+    tx.execute("SELECT pgqueue.pgq_drop_queue($1, force => true)", &[&q]).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(crate::common::kit::held_numbers(&mut c, &ids[..2]), [0, 0], "their held-set entries ended");
+}
