@@ -172,20 +172,15 @@ BEGIN
 END
 $$;
 
--- The messages of `queue` that only the claim ledger holds (rows a claim through the ledger
--- left 'ready': step 3b of the write path): the live entries of the queue's ledger rows (at
--- their message's claim number), with the lease in force (a renewal's, on the row, else the
--- one the claim granted). The ledger rows by index, their messages by primary key: as many
--- reads as the queue has claims in flight.
-CREATE FUNCTION pgqueue._ledger_held(queue text)
-RETURNS TABLE (msg_id bigint, number integer, lease_expires_at timestamptz)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT m.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at)
-      FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number), pgqueue.message_rows m
-     WHERE c.queue = _ledger_held.queue
-       AND m.msg_id = e.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = e.number;
-END;
+-- The messages that only the claim ledger holds (rows a claim through the ledger left
+-- 'ready': step 3b of the write path): the live entries of the ledger's rows (at their
+-- message's claim number), with the lease in force (a renewal's, on the row, else the one
+-- the claim granted). Read by queue: its ledger rows by index (claims_queue_idx), their
+-- messages by primary key, as many reads as the queue has claims in flight.
+CREATE VIEW pgqueue._ledger_held AS
+SELECT c.queue, m.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at
+  FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number), pgqueue.message_rows m
+ WHERE m.msg_id = e.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = e.number;
 
 -- Claim ledger rows written other than by a claim (a restore's COPY, an operator's INSERT)
 -- make this database's held set forget everything at their commit (src/held.rs): it must not

@@ -92,6 +92,8 @@ COMMENT ON VIEW pgqueue.queue_depth IS
     'per queue, from shared memory without counting: depths and dead letters, waiting claims, wake-ups';
 COMMENT ON VIEW pgqueue.queue_overview IS
     'per queue, in O(queues) reads: depths and dead letters, oldest ready age, expired claims';
+COMMENT ON VIEW pgqueue._ledger_held IS
+    'internal: the messages that only the claim ledger holds (rows left ready by their claim), with the lease in force; read it by queue';
 COMMENT ON VIEW pgqueue.worker_stats IS
     'what the background worker has done in this database: last tick, counters, last error';
 COMMENT ON VIEW pgqueue.schedule_stats IS

@@ -174,7 +174,7 @@ BEGIN
       FROM (SELECT m.msg_id, m.cancel_requested_at,
                    m.state = 'claimed'
                    OR (m.state = 'ready'
-                       AND EXISTS (SELECT FROM pgqueue._ledger_held(m.queue) h WHERE h.msg_id = m.msg_id)) AS held
+                       AND EXISTS (SELECT FROM pgqueue._ledger_held h WHERE h.queue = m.queue AND h.msg_id = m.msg_id)) AS held
               FROM pgqueue.message_rows m
              WHERE m.msg_id = ANY (msg_ids) AND (queue IS NULL OR m.queue = queue)
              ORDER BY m.msg_id

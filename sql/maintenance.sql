@@ -90,7 +90,7 @@ DECLARE
     below integer;
     listed smallint[] := ARRAY(SELECT l FROM unnest(priorities) l ORDER BY l DESC);
     i integer := 1;
-    ledger_held bigint[] := ARRAY(SELECT h.msg_id FROM pgqueue._ledger_held(queue) h);
+    ledger_held bigint[] := ARRAY(SELECT h.msg_id FROM pgqueue._ledger_held h WHERE h.queue = queue);
 BEGIN
     due := NULL;
     LOOP

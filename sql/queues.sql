@@ -137,7 +137,7 @@ BEGIN
      WHERE m.queue = pgq_drop_queue.queue AND m.state = 'claimed';
     -- And the claims only the claim ledger holds (their rows left 'ready').
     SELECT array_agg(h.msg_id), array_agg(h.number) INTO held, held_numbers
-      FROM pgqueue._ledger_held(pgq_drop_queue.queue) h;
+      FROM pgqueue._ledger_held h WHERE h.queue = pgq_drop_queue.queue;
     in_flight := in_flight + coalesce(pg_catalog.cardinality(held), 0);
     IF in_flight > 0 AND NOT force THEN
         RAISE EXCEPTION 'pgqueue: queue "%" has % claimed messages', queue, in_flight

@@ -103,7 +103,7 @@ BEGIN ATOMIC
                    count(*) FILTER (WHERE m.state = 'delayed') AS delayed,
                    count(*) FILTER (WHERE m.state = 'claimed') AS claimed
               FROM pgqueue.message_rows m WHERE m.queue = _depth.queue) r,
-           (SELECT count(*) AS held FROM pgqueue._ledger_held(_depth.queue) l) h;
+           (SELECT count(*) AS held FROM pgqueue._ledger_held l WHERE l.queue = _depth.queue) h;
 END;
 
 -- A queue's dead letters, counted in its own history partitions only (a query of
@@ -147,7 +147,8 @@ SELECT q.queue,
 CREATE FUNCTION pgqueue._oldest_ready(queue text) RETURNS timestamptz
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    WITH RECURSIVE held AS MATERIALIZED (SELECT l.msg_id FROM pgqueue._ledger_held(_oldest_ready.queue) l),
+    WITH RECURSIVE held AS MATERIALIZED (
+         SELECT l.msg_id FROM pgqueue._ledger_held l WHERE l.queue = _oldest_ready.queue),
     p(priority) AS (
          SELECT (SELECT max(m.priority) FROM pgqueue.message_rows m
                   WHERE m.queue = _oldest_ready.queue AND m.state = 'ready')
@@ -171,14 +172,15 @@ END;
 CREATE VIEW pgqueue.queue_overview AS
 SELECT q.queue, q.paused, d.tracked, d.ready, d.delayed, d.claimed, d.dead, d.waiting_claims,
        now() - pgqueue._oldest_ready(q.queue) AS oldest_ready_age,
-       coalesce(x.expired_claims, 0) + l.expired_claims AS expired_claims
+       coalesce(x.expired_claims, 0) AS expired_claims
   FROM pgqueue.queues q
   JOIN pgqueue.queue_depth d ON d.queue = q.queue
-  LEFT JOIN (SELECT m.queue, count(*) AS expired_claims
-               FROM pgqueue.message_rows m WHERE m.state = 'claimed' AND m.lease_expires_at <= now()
-              GROUP BY m.queue) x ON x.queue = q.queue
- CROSS JOIN LATERAL (SELECT count(*) AS expired_claims FROM pgqueue._ledger_held(q.queue) h
-                      WHERE h.lease_expires_at <= now()) l;
+  LEFT JOIN (SELECT e.queue, count(*) AS expired_claims
+               FROM (SELECT m.queue FROM pgqueue.message_rows m
+                      WHERE m.state = 'claimed' AND m.lease_expires_at <= now()
+                     UNION ALL
+                     SELECT l.queue FROM pgqueue._ledger_held l WHERE l.lease_expires_at <= now()) e
+              GROUP BY e.queue) x ON x.queue = q.queue;
 
 -- The shared state's use, for the whole server: max_queues (pgqueue.max_queues), queues
 -- tracked now, and how many times a queue found it full (its claims then scan from the

@@ -17,8 +17,8 @@
 -- do with the claims they found is now _release_expired), and a partial index on the
 -- ledger's session-bound rows (claims_session_idx) serves the orphans step.
 --
--- The counts and checks take such claims as claimed, through one reader of a queue's claims
--- only the ledger holds (_ledger_held, by a new index of the ledger by queue,
+-- The counts and checks take such claims as claimed, through one view of the claims only the
+-- ledger holds (_ledger_held, read by queue through a new index of the ledger,
 -- claims_queue_idx): the exact depths (_depth), the overview's oldest ready message and
 -- expired claims, the tick's check of the claim hints (_claimable), and pgq_drop_queue's
 -- refusal while messages are claimed.
@@ -29,17 +29,13 @@
 
 CREATE INDEX claims_queue_idx ON pgqueue.claims (queue, claim_id);
 
-CREATE FUNCTION pgqueue._ledger_held(queue text)
-RETURNS TABLE (msg_id bigint, number integer, lease_expires_at timestamptz)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT m.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at)
-      FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number), pgqueue.message_rows m
-     WHERE c.queue = _ledger_held.queue
-       AND m.msg_id = e.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = e.number;
-END;
-
-REVOKE ALL ON FUNCTION pgqueue._ledger_held(text) FROM PUBLIC;
+CREATE VIEW pgqueue._ledger_held AS
+SELECT c.queue, m.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at
+  FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number), pgqueue.message_rows m
+ WHERE m.msg_id = e.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = e.number;
+REVOKE ALL ON pgqueue._ledger_held FROM PUBLIC;
+COMMENT ON VIEW pgqueue._ledger_held IS
+    'internal: the messages that only the claim ledger holds (rows left ready by their claim), with the lease in force; read it by queue';
 
 CREATE OR REPLACE VIEW pgqueue.messages AS
 SELECT r.msg_id, r.queue, CASE WHEN e.claim_id IS NULL THEN r.state ELSE 'claimed' END AS state, r.priority,
@@ -223,7 +219,7 @@ BEGIN
       FROM (SELECT m.msg_id, m.cancel_requested_at,
                    m.state = 'claimed'
                    OR (m.state = 'ready'
-                       AND EXISTS (SELECT FROM pgqueue._ledger_held(m.queue) h WHERE h.msg_id = m.msg_id)) AS held
+                       AND EXISTS (SELECT FROM pgqueue._ledger_held h WHERE h.queue = m.queue AND h.msg_id = m.msg_id)) AS held
               FROM pgqueue.message_rows m
              WHERE m.msg_id = ANY (msg_ids) AND (queue IS NULL OR m.queue = queue)
              ORDER BY m.msg_id
@@ -524,13 +520,14 @@ BEGIN ATOMIC
                    count(*) FILTER (WHERE m.state = 'delayed') AS delayed,
                    count(*) FILTER (WHERE m.state = 'claimed') AS claimed
               FROM pgqueue.message_rows m WHERE m.queue = _depth.queue) r,
-           (SELECT count(*) AS held FROM pgqueue._ledger_held(_depth.queue) l) h;
+           (SELECT count(*) AS held FROM pgqueue._ledger_held l WHERE l.queue = _depth.queue) h;
 END;
 
 CREATE OR REPLACE FUNCTION pgqueue._oldest_ready(queue text) RETURNS timestamptz
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    WITH RECURSIVE held AS MATERIALIZED (SELECT l.msg_id FROM pgqueue._ledger_held(_oldest_ready.queue) l),
+    WITH RECURSIVE held AS MATERIALIZED (
+         SELECT l.msg_id FROM pgqueue._ledger_held l WHERE l.queue = _oldest_ready.queue),
     p(priority) AS (
          SELECT (SELECT max(m.priority) FROM pgqueue.message_rows m
                   WHERE m.queue = _oldest_ready.queue AND m.state = 'ready')
@@ -555,7 +552,7 @@ DECLARE
     below integer;
     listed smallint[] := ARRAY(SELECT l FROM unnest(priorities) l ORDER BY l DESC);
     i integer := 1;
-    ledger_held bigint[] := ARRAY(SELECT h.msg_id FROM pgqueue._ledger_held(queue) h);
+    ledger_held bigint[] := ARRAY(SELECT h.msg_id FROM pgqueue._ledger_held h WHERE h.queue = queue);
 BEGIN
     due := NULL;
     LOOP
@@ -616,7 +613,7 @@ BEGIN
      WHERE m.queue = pgq_drop_queue.queue AND m.state = 'claimed';
     -- And the claims only the claim ledger holds (their rows left 'ready').
     SELECT array_agg(h.msg_id), array_agg(h.number) INTO held, held_numbers
-      FROM pgqueue._ledger_held(pgq_drop_queue.queue) h;
+      FROM pgqueue._ledger_held h WHERE h.queue = pgq_drop_queue.queue;
     in_flight := in_flight + coalesce(pg_catalog.cardinality(held), 0);
     IF in_flight > 0 AND NOT force THEN
         RAISE EXCEPTION 'pgqueue: queue "%" has % claimed messages', queue, in_flight
@@ -652,11 +649,12 @@ $$;
 CREATE OR REPLACE VIEW pgqueue.queue_overview AS
 SELECT q.queue, q.paused, d.tracked, d.ready, d.delayed, d.claimed, d.dead, d.waiting_claims,
        now() - pgqueue._oldest_ready(q.queue) AS oldest_ready_age,
-       coalesce(x.expired_claims, 0) + l.expired_claims AS expired_claims
+       coalesce(x.expired_claims, 0) AS expired_claims
   FROM pgqueue.queues q
   JOIN pgqueue.queue_depth d ON d.queue = q.queue
-  LEFT JOIN (SELECT m.queue, count(*) AS expired_claims
-               FROM pgqueue.message_rows m WHERE m.state = 'claimed' AND m.lease_expires_at <= now()
-              GROUP BY m.queue) x ON x.queue = q.queue
- CROSS JOIN LATERAL (SELECT count(*) AS expired_claims FROM pgqueue._ledger_held(q.queue) h
-                      WHERE h.lease_expires_at <= now()) l;
+  LEFT JOIN (SELECT e.queue, count(*) AS expired_claims
+               FROM (SELECT m.queue FROM pgqueue.message_rows m
+                      WHERE m.state = 'claimed' AND m.lease_expires_at <= now()
+                     UNION ALL
+                     SELECT l.queue FROM pgqueue._ledger_held l WHERE l.lease_expires_at <= now()) e
+              GROUP BY e.queue) x ON x.queue = q.queue;
