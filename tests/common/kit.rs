@@ -304,3 +304,17 @@ pub fn message_row(c: &mut impl GenericClient, id: i64) -> Option<(String, i32, 
     .unwrap()
     .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
 }
+
+/// Drops queue `q` with its claims (force), outside a transaction, as a test's cleanup: tried
+/// again while other tests' transactions keep the history's table past the drop's lock
+/// timeout (55P03; a drop waits for every reader of pgqueue.history, and tests run side by
+/// side).
+pub fn drop_queue(c: &mut impl GenericClient, q: &str) {
+    for attempt in 1.. {
+        match c.execute("SELECT pgqueue.pgq_drop_queue($1, force => true)", &[&q]) {
+            Ok(_) => return,
+            Err(e) if attempt < 5 && e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {}
+            Err(e) => panic!("dropping {q}: {e}"),
+        }
+    }
+}
