@@ -10,8 +10,8 @@
 //! row, which fencing takes on the row's word (`random token` below).
 
 use crate::common::kit::{
-    Claimed, as_the_ledger_leaves_it, claim, claim_one, held_disagreements, ledger_disagreements, message, message_row,
-    new_queue, send_many,
+    Claimed, as_the_ledger_leaves_it, claim, claim_one, drop_queue, held_disagreements, ledger_disagreements, message,
+    message_row, new_queue, send_many,
 };
 use crate::common::{Client, sqlstate};
 use postgres::GenericClient;
