@@ -152,7 +152,7 @@ pub fn claimed_note(key: Key, priority: i16, (low, high): (i64, i64), n: i64, ex
 #[pg_extern(volatile, parallel_unsafe)]
 fn _due_epoch(queue: &str) -> Option<i64> {
     let key = Key::new(queue)?;
-    queue_state::with_lock(true, |table| table.entry(&key, true).map(|e| e.dispatch.epoch() as i64)).flatten()
+    queue_state::with_lock(true, |table| table.entry(&key, true).map(|e| e.dispatch.due_epoch() as i64)).flatten()
 }
 
 /// A promotion that started at `epoch` left nothing due before `next` (NULL: no delayed

@@ -35,9 +35,12 @@ pub struct Dispatch {
     /// none of its messages is claimable.
     prio: [i16; PRIORITIES],
     hint: [AtomicI64; PRIORITIES],
-    /// Bumped by every lowering (of a hint or of the next due time): a claim raises a hint,
-    /// and a promotion the due time, only if the epoch it started from is still current.
+    /// Bumped by every lowering of a hint: a claim raises a hint only if the epoch it started
+    /// from is still current.
     epoch: u64,
+    /// The same for the next due time, bumped by every commit of delayed messages: a promotion
+    /// raises it only if no delayed message was committed since it started.
+    due_epoch: u64,
     /// Commits that made messages ready, counted at pre-commit, and the highest msg_id they
     /// made ready (see `commit_ready`).
     ready_commits: u64,
@@ -58,6 +61,7 @@ impl Default for Dispatch {
             prio: [0; PRIORITIES],
             hint: std::array::from_fn(|_| AtomicI64::new(i64::MAX)),
             epoch: 0,
+            due_epoch: 0,
             ready_commits: 0,
             max_ready_id: 0,
             next_due: DUE_UNKNOWN,
@@ -81,6 +85,7 @@ impl Dispatch {
         self.max_ready_id = 0;
         self.next_due = DUE_UNKNOWN;
         self.epoch += 1;
+        self.due_epoch += 1;
     }
 
     /// Claims may use the hints: checked against the table, and no more priorities than fit.
@@ -113,6 +118,10 @@ impl Dispatch {
 
     pub fn next_due(&self) -> i64 {
         self.next_due
+    }
+
+    pub fn due_epoch(&self) -> u64 {
+        self.due_epoch
     }
 
     pub fn mark_known(&mut self) {
@@ -213,16 +222,20 @@ impl Dispatch {
         }
     }
 
+    /// Delayed messages were committed, the earliest due at `due` (or the tick found one). The
+    /// due epoch moves on either way, as `lower` moves the epoch: a promotion under way may
+    /// have taken its snapshot before them, and must not raise the due time past them, even
+    /// from unknown (which nothing lowers).
     pub fn lower_due(&mut self, due: i64) {
+        self.due_epoch += 1;
         if due < self.next_due {
             self.next_due = due;
-            self.epoch += 1;
         }
     }
 
-    /// The next due time found by a promotion that started at `epoch`.
-    pub fn raise_due(&mut self, epoch: u64, due: i64) -> bool {
-        if self.epoch != epoch || due <= self.next_due {
+    /// The next due time found by a promotion that started at `due_epoch`.
+    pub fn raise_due(&mut self, due_epoch: u64, due: i64) -> bool {
+        if self.due_epoch != due_epoch || due <= self.next_due {
             return false;
         }
         self.next_due = due;

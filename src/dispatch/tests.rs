@@ -242,7 +242,7 @@ impl World {
                 }
             }
             Op::Promote => {
-                let epoch = self.d.epoch();
+                let epoch = self.d.due_epoch();
                 self.open(Kind::Promote { epoch, raised: false }, vec![]);
             }
             Op::Check => {
@@ -806,4 +806,23 @@ fn signals_cover_the_messages_by_qty() {
     assert_eq!(signals(5, 0, 0), 0);
     // A count the sleepers' sum cannot reach (a qty lost to a crash) still signals.
     assert_eq!(signals(3, 2, 0), 2);
+}
+
+/// A delayed message committed after a promotion's snapshot keeps that promotion from raising
+/// the due time past it: while the due time is unknown (nothing lowers it then), and while it
+/// is known and earlier than the message (the commit does not lower it either). Before
+/// 0.24.0 only a lowering moved the epoch, and a claim then promoted nothing until the tick.
+#[test]
+fn a_delayed_message_committed_during_a_promotion_keeps_it_from_raising_past_it() {
+    let mut d = Dispatch::default();
+    let started = d.due_epoch();
+    d.lower_due(100);
+    assert!(!d.raise_due(started, 1_000), "from unknown, past a message it did not see");
+    assert_eq!(d.next_due(), DUE_UNKNOWN);
+    assert!(d.raise_due(d.due_epoch(), 50));
+    let started = d.due_epoch();
+    d.lower_due(200);
+    assert_eq!(d.next_due(), 50);
+    assert!(!d.raise_due(started, 1_000), "from 50, past the message due at 200");
+    assert!(d.raise_due(d.due_epoch(), 200), "a promotion that saw it");
 }
