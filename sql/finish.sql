@@ -165,9 +165,16 @@ BEGIN
     END IF;
     PERFORM pgqueue._check_ids(msg_ids, 'msg_ids');
     -- Locked in msg_id order (overlapping cancels cannot deadlock), after any claim or finish
-    -- under way: its outcome decides what is left to cancel. A 'ready' row is held if a live
-    -- entry of the claim ledger holds it (a claim through the ledger leaves the row as it
-    -- was: step 3b of the write path); cancels are rare, so the queue's ledger rows are read.
+    -- under way: its outcome decides what is left to cancel.
+    PERFORM FROM pgqueue.message_rows m
+      WHERE m.msg_id = ANY (msg_ids) AND (queue IS NULL OR m.queue = queue)
+      ORDER BY m.msg_id
+        FOR UPDATE OF m;
+    -- Then read, in a statement of its own: in READ COMMITTED its snapshot follows the locks,
+    -- so it sees the ledger row of a claim this waited for (a claim through the ledger may
+    -- leave the row as it was, step 3b of the write path, and the lock's re-check of an
+    -- unchanged row reads nothing else anew). A 'ready' row is held if a live entry of the
+    -- claim ledger holds it; cancels are rare, so the queue's ledger rows are read.
     SELECT coalesce(array_agg(l.msg_id) FILTER (WHERE NOT l.held), '{}'),
            coalesce(array_agg(l.msg_id) FILTER (WHERE l.held AND l.cancel_requested_at IS NULL), '{}')
       INTO waiting, running
@@ -176,9 +183,7 @@ BEGIN
                    OR (m.state = 'ready'
                        AND EXISTS (SELECT FROM pgqueue._ledger_held h WHERE h.queue = m.queue AND h.msg_id = m.msg_id)) AS held
               FROM pgqueue.message_rows m
-             WHERE m.msg_id = ANY (msg_ids) AND (queue IS NULL OR m.queue = queue)
-             ORDER BY m.msg_id
-               FOR UPDATE OF m) l;
+             WHERE m.msg_id = ANY (msg_ids) AND (queue IS NULL OR m.queue = queue)) l;
     UPDATE pgqueue.message_rows m SET cancel_requested_at = now(), last_error = coalesce(reason, m.last_error)
      WHERE m.msg_id = ANY (running);
     RETURN QUERY

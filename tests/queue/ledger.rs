@@ -535,3 +535,91 @@ fn counts_and_checks_take_a_claim_only_the_ledger_holds_as_claimed() {
     drop_queue(&mut c, &q);
     assert_eq!(crate::common::kit::held_numbers(&mut c, &ids[..2]), [0, 0], "their held-set entries ended");
 }
+
+/// A ledger batch of the re-arm pass (`_rearm_ledger_batch`) for one queue reads only that
+/// queue's ledger rows (its window ends at that queue's last claim, not at another queue's
+/// later one), and its next lease end counts a claim whose lease ended but whose row another
+/// session held locked, so that the next pass comes at once instead of after the next lease
+/// end or the forced pass.
+#[test]
+fn a_ledger_batch_reads_its_queues_rows_and_counts_an_ended_lease_it_found_locked() {
+    let mut c = connect();
+    let q = new_queue(&mut c, ", lease => '1 hour'");
+    let other = new_queue(&mut c, ", lease => '1 hour'");
+    send_many(&mut c, &q, 1, "0");
+    send_many(&mut c, &other, 1, "0");
+    let m = claim(&mut c, &q, 1, None).remove(0);
+    let later = claim(&mut c, &other, 1, None).remove(0);
+    as_the_ledger_leaves_it(&mut c, m.id);
+    as_the_ledger_leaves_it(&mut c, later.id);
+    c.execute("UPDATE pgqueue.claims SET lease_expires_at = now() - interval '1 s' WHERE queue = $1", &[&q]).unwrap();
+    let own: i64 = ledger(&mut c, &q)[0].0;
+    assert!(ledger(&mut c, &other)[0].0 > own, "the other queue's claim comes later");
+
+    let batch = |c: &mut Client| -> (i64, Option<i64>, bool, bool) {
+        let r = c
+            .query_one(
+                "SELECT rearmed, last_claim_id, more, next_expiry <= now() FROM pgqueue._rearm_ledger_batch(0, 100, $1)",
+                &[&q],
+            )
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2), r.get::<_, Option<bool>>(3).unwrap_or(false))
+    };
+    let mut locker = connect();
+    let mut lock = locker.transaction().unwrap();
+    lock.execute("SELECT 1 FROM pgqueue.message_rows WHERE msg_id = $1 FOR UPDATE", &[&m.id]).unwrap();
+    assert_eq!(batch(&mut c), (0, Some(own), false, true), "skipped locked, its ended lease still due");
+    lock.commit().unwrap();
+    assert_eq!(batch(&mut c), (1, Some(own), false, false), "re-armed once the lock is gone");
+    assert_eq!(message_row(&mut c, m.id), Some(("ready".into(), 1, 1, false)));
+    assert_eq!(message(&mut c, later.id).map(|m| m.state), Some("claimed".into()), "the other queue's, untouched");
+    drop_queue(&mut c, &q);
+    drop_queue(&mut c, &other);
+}
+
+/// A cancel that waited for a claim through the ledger reads the ledger after the wait. Such
+/// a claim may leave the row as it was (step 3b of the write path), so the wait's re-check of
+/// the row reads nothing anew, and a cancel that read the ledger in its first snapshot would
+/// move the message to history under the claim. Here the claim's transaction leaves the row
+/// as such a claim does (claimed, then set back by hand); the cancel, which began while that
+/// transaction held the row, must find the message held and only ask for its cancel.
+#[test]
+fn a_cancel_that_waited_for_a_claim_through_the_ledger_finds_it_held() {
+    let mut c = connect();
+    let q = new_queue(&mut c, ", lease => '1 hour'");
+    let id = send_many(&mut c, &q, 1, "0")[0];
+    let mut claimer = connect();
+    let mut tx = claimer.transaction().unwrap();
+    let m = claim(&mut tx, &q, 1, None).remove(0);
+    as_the_ledger_leaves_it(&mut tx, m.id);
+    let name = format!("cancel_{q}");
+    let canceller = std::thread::spawn({
+        let name = name.clone();
+        move || {
+            let mut s = connect();
+            s.batch_execute(&format!("SET application_name = '{name}'")).unwrap();
+            s.query_one("SELECT pgqueue.pgq_cancel($1::bigint)", &[&id]).unwrap().get::<_, bool>(0)
+        }
+    });
+    crate::common::wait_for("the cancel to wait for the claim", std::time::Duration::from_secs(30), || {
+        c.query_one(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock')",
+            &[&name],
+        )
+        .unwrap()
+        .get::<_, bool>(0)
+        .then_some(())
+    });
+    tx.commit().unwrap();
+    assert!(canceller.join().unwrap(), "the message is cancelled (asked of its holder)");
+    assert_eq!(message_row(&mut c, id).map(|r| r.0), Some("ready".into()), "left as the ledger left it");
+    let asked: bool = c
+        .query_one("SELECT cancel_requested_at IS NOT NULL FROM pgqueue.messages WHERE msg_id = $1", &[&id])
+        .unwrap()
+        .get(0);
+    assert!(asked, "held by the claim: the cancel is asked, not done");
+    assert_eq!(message(&mut c, id).map(|m| m.state), Some("claimed".into()));
+    assert!(took(&mut c, "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", m.id, m.token).unwrap(), "the holder ends it");
+    assert_eq!(finished(&mut c, &q, id), Some(("cancelled".into(), 1)));
+    drop_queue(&mut c, &q);
+}
