@@ -107,9 +107,10 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp A
 DECLARE
     me record;
 BEGIN
+    -- States from the view, not its rows: a claim through the claim ledger leaves its row 'ready'.
     SELECT j.msg_id, j.queue, j.state, j.after, j.enqueued_at, j.finished_at INTO me
       FROM (SELECT m.msg_id, m.queue, m.state, m.after, m.enqueued_at, NULL::timestamptz AS finished_at
-              FROM pgqueue.message_rows m WHERE m.msg_id = pgqueue._require(msg_id, 'msg_id')
+              FROM pgqueue.messages m WHERE m.msg_id = pgqueue._require(msg_id, 'msg_id')
              UNION ALL
             SELECT h.msg_id, h.queue, h.outcome, h.after, h.enqueued_at, h.finished_at
               FROM pgqueue.history h WHERE h.msg_id = msg_id
@@ -126,14 +127,14 @@ BEGIN
        FROM pg_catalog.unnest(me.after) WITH ORDINALITY AS p(id, n)
        LEFT JOIN LATERAL (
             SELECT m.queue, m.state, m.enqueued_at, NULL::timestamptz AS finished_at
-              FROM pgqueue.message_rows m WHERE m.msg_id = p.id
+              FROM pgqueue.messages m WHERE m.msg_id = p.id
              UNION ALL
             SELECT h.queue, h.outcome, h.enqueued_at, h.finished_at FROM pgqueue.history h WHERE h.msg_id = p.id
              LIMIT 1) j ON true
       ORDER BY p.n)
      UNION ALL
     (SELECT 'child', m.msg_id, m.queue, m.state, d.on_parent_failure, m.enqueued_at, NULL
-       FROM pgqueue.dependencies d JOIN pgqueue.message_rows m ON m.msg_id = d.child
+       FROM pgqueue.dependencies d JOIN pgqueue.messages m ON m.msg_id = d.child
       WHERE d.parent = me.msg_id
       ORDER BY m.msg_id);
 END

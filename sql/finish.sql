@@ -500,9 +500,10 @@ BEGIN
     IF pgqueue._check_wait(wait, 'pgq_result') > interval '0' THEN
         PERFORM pgqueue._await_outcome(msg_id, wait, queue);
     END IF;
+    -- The view, not its rows: a claim through the claim ledger leaves its row 'ready'.
     RETURN QUERY
     SELECT m.state, m.attempt, NULL::jsonb, m.progress, m.last_error, m.enqueued_at, NULL::timestamptz
-      FROM pgqueue.message_rows m WHERE m.msg_id = msg_id AND (queue IS NULL OR m.queue = queue)
+      FROM pgqueue.messages m WHERE m.msg_id = msg_id AND (queue IS NULL OR m.queue = queue)
      UNION ALL
     SELECT h.outcome, h.attempt, h.result, h.progress, h.last_error, h.enqueued_at, h.finished_at
       FROM pgqueue.history h WHERE h.msg_id = msg_id AND (queue IS NULL OR h.queue = queue)

@@ -4,10 +4,11 @@
 //! delayed messages may be due.
 
 use crate::dispatch::DUE_NEVER;
+use crate::in_flight::Holds;
 use crate::on_rows;
 use crate::pending::{self, Kind, Note};
 use crate::queue_state::{self, Key, State};
-use crate::statement::{OnRows, Statement};
+use crate::statement::{OnRows, Rows, Statement};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::{
     self, BOOLOID, INT2OID, INT4OID, INT8ARRAYOID, INT8OID, INTERVALOID, JSONBARRAYOID, TEXTOID, TIMESTAMPTZOID,
@@ -214,13 +215,46 @@ static QUEUE: Statement =
 static QUEUE_OR_ERROR: Statement =
     Statement { sql: c"SELECT q.lease, q.paused FROM pgqueue._queue($1) q", args: &[TEXTOID] };
 static PROMOTE: Statement = Statement { sql: c"SELECT pgqueue._promote_due($1, 1000)", args: &[TEXTOID] };
-/// Without hints: from the start of the queue's claimable rows.
-static PICK: OnRows = on_rows!(&[TEXTOID, INT4OID];
-    "SELECT m.msg_id, m.priority FROM ", ROWS, " m
-      WHERE m.queue = $1 AND m.state = 'ready'
+/// The picks' text on `$rows`. `$number` and `$free`: what claims that write only the claim
+/// ledger add (the next claim number of each row, and the rows to leave out).
+macro_rules! pick_text {
+    (all $rows:literal, $number:literal, $free:literal) => {
+        crate::statement::text(concat!(
+            "SELECT m.msg_id, m.priority",
+            $number,
+            " FROM ",
+            $rows,
+            " m
+      WHERE m.queue = $1 AND m.state = 'ready'",
+            $free,
+            "
       ORDER BY m.priority DESC, m.msg_id
       LIMIT $2
-        FOR UPDATE SKIP LOCKED");
+        FOR UPDATE SKIP LOCKED\0"
+        ))
+    };
+    (from $rows:literal, $number:literal, $free:literal) => {
+        crate::statement::text(concat!(
+            "SELECT m.msg_id",
+            $number,
+            " FROM ",
+            $rows,
+            " m
+      WHERE m.queue = $1 AND m.state = 'ready' AND m.priority >= $2 AND m.priority <= $2
+        AND m.msg_id >= $3",
+            $free,
+            " AND pgqueue._take($1, $2, $4, m.msg_id)
+      ORDER BY m.priority DESC, m.msg_id
+      LIMIT $5
+        FOR UPDATE SKIP LOCKED\0"
+        ))
+    };
+}
+/// Without hints: from the start of the queue's claimable rows.
+static PICK: OnRows = OnRows {
+    rows: Statement { sql: pick_text!(all "pgqueue.message_rows", "", ""), args: &[TEXTOID, INT4OID] },
+    table: Statement { sql: pick_text!(all "pgqueue.messages", "", ""), args: &[TEXTOID, INT4OID] },
+};
 /// From a priority's hint, each row handed to one claim (_take raises the hint past it
 /// before this claim locks it), passing over what others took. The plan must read the ready
 /// index in order and stop at its LIMIT (see pgq_claim's settings). The priority is bounded
@@ -228,13 +262,33 @@ static PICK: OnRows = on_rows!(&[TEXTOID, INT4OID];
 /// and the primary key gives that too, walking past every row at or above the hint that is
 /// not ready (delayed, claimed, other queues', dead versions), which the planner, seeing one
 /// queue of ready rows, may think cheaper. Bounded, only the ready index gives the order.
-static PICK_FROM: OnRows = on_rows!(&[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID];
-    "SELECT m.msg_id FROM ", ROWS, " m
-      WHERE m.queue = $1 AND m.state = 'ready' AND m.priority >= $2 AND m.priority <= $2
-        AND m.msg_id >= $3 AND pgqueue._take($1, $2, $4, m.msg_id)
-      ORDER BY m.priority DESC, m.msg_id
-      LIMIT $5
-        FOR UPDATE SKIP LOCKED");
+static PICK_FROM: OnRows = OnRows {
+    rows: Statement { sql: pick_text!(from "pgqueue.message_rows", "", ""), args: PICK_FROM_ARGS },
+    table: Statement { sql: pick_text!(from "pgqueue.messages", "", ""), args: PICK_FROM_ARGS },
+};
+const PICK_FROM_ARGS: &[pg_sys::Oid] = &[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID];
+/// The same for claims that write only the claim ledger (0.24.0's SQL on), whose rows stay
+/// 'ready': without hints, past the rows the ledger holds (its queue's list, read once) and
+/// `$3`, the rows this call passed over; from a hint (which a take raised past the rows claims
+/// hold), past `$6`. With each row's next claim number.
+static PICK_FREE: Statement = Statement {
+    sql: pick_text!(all "pgqueue.message_rows", ", m.claims_ended + 1",
+        "
+        AND m.msg_id NOT IN (SELECT h.msg_id FROM pgqueue._ledger_held h WHERE h.queue = $1
+                             UNION ALL SELECT pg_catalog.unnest($3::bigint[]))"),
+    args: &[TEXTOID, INT4OID, INT8ARRAYOID],
+};
+static PICK_FROM_FREE: Statement = Statement {
+    sql: pick_text!(from "pgqueue.message_rows", ", m.claims_ended + 1",
+        " AND m.msg_id NOT IN (SELECT pg_catalog.unnest($6::bigint[]))"),
+    args: &[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID, INT8ARRAYOID],
+};
+/// Which of the rows a claim locked (`$2`) the ledger holds, where the held set cannot say:
+/// in a snapshot taken after the row locks, so a claim that committed meanwhile is seen.
+static LEDGER_HOLDS: Statement = Statement {
+    sql: c"SELECT h.msg_id FROM pgqueue._ledger_held h WHERE h.queue = $1 AND h.msg_id = ANY ($2)",
+    args: &[TEXTOID, INT8ARRAYOID],
+};
 /// Claims the picked rows and writes the call's claim ledger row (`pgqueue.claims`): the rows'
 /// claim numbers (`claims_ended` + 1), read from the rows this claim holds locked, and their
 /// tokens, which name the ledger row (ledger.rs). One statement, as before the ledger.
@@ -275,6 +329,29 @@ macro_rules! claim_with_ledger {
 }
 static CLAIM: Statement =
     claim_with_ledger!(", lease_expires_at, consumer, session_pid, session_started", ", $2 + $3, $4, $5, $6");
+/// Claims the picked rows through the claim ledger alone (step 3b of the write path): the
+/// rows stay as they are, 'ready' and locked by this claim until it commits (so that a cancel
+/// or a drop waits for it and then reads the ledger); the ledger row holds the claim, its
+/// lease and its session, and `pgqueue.messages` shows it. Returns what CLAIM returns.
+static CLAIM_LEDGER_ONLY: Statement = Statement {
+    sql: c"WITH taken AS (
+               SELECT m.msg_id, m.claims_ended + 1 AS number FROM pgqueue.message_rows m WHERE m.msg_id = ANY ($1)
+           ), ledger AS (
+               INSERT INTO pgqueue.claims (queue, msg_ids, claim_numbers, claimed_at, lease_expires_at, consumer,
+                                           session_pid, session_started)
+               SELECT $7, pg_catalog.array_agg(t.msg_id ORDER BY t.msg_id),
+                      pg_catalog.array_agg(t.number ORDER BY t.msg_id), $2, $2 + $3, $4, $5, $6
+                 FROM taken t
+               RETURNING claim_id
+           )
+           SELECT m.msg_id,
+                  pgqueue._claim_token((SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                       l.claim_id, m.msg_id, m.claims_ended + 1),
+                  m.attempt + 1, m.priority, m.payload, m.headers, m.enqueued_at, $2 + $3, m.claims_ended + 1
+             FROM pgqueue.message_rows m, ledger l
+            WHERE m.msg_id = ANY ($1)",
+    args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
+};
 static CLAIM_0_22: Statement = claim_with_ledger!("", "");
 /// The same without the ledger (`pgqueue.claim_ledger` off, the default, or a database still
 /// running 0.21's SQL or earlier until ALTER EXTENSION UPDATE, whose fencing counts claims
@@ -387,12 +464,29 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
             if s.promote && PROMOTE.run(&[queue.into_datum()]).get::<i64>(0, 1).unwrap_or(0) > 0 {
                 s = start(queue);
             }
-            let picked = pick(queue, &s, qty);
-            if !picked.is_empty() {
-                if crate::dispatch::chains(woken, picked.len(), qty as usize) {
+            let writes = writes();
+            // Rows a claim holds stay 'ready' where claims write only the ledger: passed
+            // over, and picked past until the pick finds free rows or none.
+            let mut passed = vec![];
+            loop {
+                let ledger_only = matches!(writes, Writes::Ledger);
+                let picked = pick(queue, &s, qty, ledger_only.then_some(&passed[..]));
+                if picked.is_empty() {
+                    break;
+                }
+                let free = match writes {
+                    Writes::Ledger => free_of_holds(queue, picked, &mut passed),
+                    _ => picked.into_iter().map(|(id, _, _)| id).collect(),
+                };
+                if free.is_empty() {
+                    s = start(queue);
+                    continue;
+                }
+                if crate::dispatch::chains(woken, free.len(), qty as usize) {
                     crate::wait::chain(queue);
                 }
-                return claim_picked(queue, ask.consumer, &picked, since, granted, (bound_pid, bound_start), outer);
+                let bound = (bound_pid, bound_start);
+                return claim_picked(queue, ask.consumer, &free, since, granted, bound, writes, outer);
             }
         }
         let Some(deadline) = deadline else { return vec![] };
@@ -409,36 +503,48 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
     }
 }
 
-/// Locks up to `qty` claimable rows, highest priority first, FIFO within a priority.
-fn pick(queue: &str, s: &Start, qty: i32) -> Vec<i64> {
+/// Locks up to `qty` claimable rows, highest priority first, FIFO within a priority; with
+/// each, its priority and its next claim number where claims write only the ledger (`passed`: the rows this
+/// call passed over as held, left out), else 0.
+fn pick(queue: &str, s: &Start, qty: i32, passed: Option<&[i64]>) -> Vec<(i64, i16, i32)> {
+    let number =
+        |rows: &Rows, r: usize, col: i32| if passed.is_some() { rows.get::<i32>(r, col).unwrap_or(0) } else { 0 };
     let Some(hints) = &s.hints else {
-        let rows = PICK.get().run(&[queue.into_datum(), qty.into_datum()]);
-        let picked: Vec<(i64, i16)> =
-            (0..rows.len()).filter_map(|r| Some((rows.get::<i64>(r, 1)?, rows.get::<i16>(r, 2)?))).collect();
+        let rows = match passed {
+            Some(passed) => PICK_FREE.run(&[queue.into_datum(), qty.into_datum(), passed.to_vec().into_datum()]),
+            None => PICK.get().run(&[queue.into_datum(), qty.into_datum()]),
+        };
+        let picked: Vec<(i64, i16, i32)> = (0..rows.len())
+            .filter_map(|r| Some((rows.get::<i64>(r, 1)?, rows.get::<i16>(r, 2)?, number(&rows, r, 3))))
+            .collect();
         // Held now: noted for a rollback before anything else can fail (as `_take` does).
         if let Some(key) = Key::new(queue) {
-            picked.iter().for_each(|&(id, priority)| rollback_note(key, priority, id));
+            picked.iter().for_each(|&(id, priority, _)| rollback_note(key, priority, id));
         }
-        return picked.into_iter().map(|(id, _)| id).collect();
+        return picked;
     };
     let mut picked = vec![];
     for &(priority, from) in hints {
         let want = qty - picked.len() as i32;
         HANDED_NOW.with_borrow_mut(Vec::clear);
-        let rows = PICK_FROM.get().run(&[
-            queue.into_datum(),
-            priority.into_datum(),
-            from.into_datum(),
-            s.epoch.into_datum(),
-            want.into_datum(),
-        ]);
-        let locked: Vec<i64> = (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
+        let args =
+            [queue.into_datum(), priority.into_datum(), from.into_datum(), s.epoch.into_datum(), want.into_datum()];
+        let rows = match passed {
+            Some(passed) => {
+                let mut args = args.to_vec();
+                args.push(passed.to_vec().into_datum());
+                PICK_FROM_FREE.run(&args)
+            }
+            None => PICK_FROM.get().run(&args),
+        };
+        let locked: Vec<(i64, i16, i32)> =
+            (0..rows.len()).filter_map(|r| Some((rows.get::<i64>(r, 1)?, priority, number(&rows, r, 2)))).collect();
         // Handed but skipped, locked by another transaction (rare: each row is handed to one
         // claim at a time).
         let skipped = HANDED_NOW.with_borrow_mut(std::mem::take);
         if let Some(key) = Key::new(queue) {
             // Both in msg_id order (one priority).
-            for id in skipped.into_iter().filter(|id| locked.binary_search(id).is_err()) {
+            for id in skipped.into_iter().filter(|id| locked.binary_search_by_key(id, |&(m, _, _)| m).is_err()) {
                 skipped_note(key, priority, id);
             }
         }
@@ -450,8 +556,74 @@ fn pick(queue: &str, s: &Start, qty: i32) -> Vec<i64> {
     picked
 }
 
+/// How this database's claims write a claim: a random token on the row (`pgqueue.claim_ledger`
+/// off, or the SQL before 0.22.0), the row and the ledger (0.22.0 and 0.23.0), or the ledger
+/// alone (0.24.0 on, whose SQL reads such claims).
+#[derive(Clone, Copy)]
+enum Writes {
+    Row,
+    RowAndLedger(&'static Statement),
+    Ledger,
+}
+
+fn writes() -> Writes {
+    if !(crate::guc::CLAIM_LEDGER.get() && crate::statement::has_column(c"messages", c"claims_ended")) {
+        Writes::Row
+    } else if crate::statement::has_relation(c"_ledger_held") {
+        Writes::Ledger
+    } else if crate::statement::has_column(c"claims", c"lease_expires_at") {
+        Writes::RowAndLedger(&CLAIM)
+    } else {
+        Writes::RowAndLedger(&CLAIM_0_22)
+    }
+}
+
+/// Of the rows a claim that writes only the ledger picked, those no claim holds, by the held
+/// set, else by the ledger; the others go to `passed`. In a transaction that keeps one
+/// snapshot, a claim that committed after it would be missed by the ledger's answer: where
+/// the set cannot say, such a claim raises 40001, as a claim that meets a row changed since
+/// its snapshot does.
+fn free_of_holds(queue: &str, picked: Vec<(i64, i16, i32)>, passed: &mut Vec<i64>) -> Vec<i64> {
+    let holds = crate::held::holds(&picked.iter().map(|&(id, _, number)| (id, number)).collect::<Vec<_>>());
+    let ask: Vec<i64> = picked.iter().zip(&holds).filter(|(_, h)| **h == Holds::Ask).map(|(p, _)| p.0).collect();
+    let mut held_by_ledger = vec![];
+    if !ask.is_empty() {
+        if !snapshot_per_statement() {
+            ereport!(
+                PgLogLevel::ERROR,
+                PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "pgqueue: could not serialize access: the claim cannot tell whether a claim that committed after this transaction's snapshot holds a message",
+                "Claim in a READ COMMITTED transaction, or retry the transaction."
+            );
+        }
+        let rows = LEDGER_HOLDS.run(&[queue.into_datum(), ask.into_datum()]);
+        held_by_ledger = (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
+    }
+    let mut free = vec![];
+    for ((msg_id, priority, _), holds) in picked.into_iter().zip(holds) {
+        let held = match holds {
+            Holds::No => false,
+            Holds::Yes | Holds::Settling => true,
+            Holds::Ask => held_by_ledger.contains(&msg_id),
+        };
+        if !held {
+            free.push(msg_id);
+            continue;
+        }
+        passed.push(msg_id);
+        if holds == Holds::Settling
+            && let Some(key) = Key::new(queue)
+        {
+            // Perhaps a claim rolled back a moment ago: looked at again after this commits.
+            skipped_note(key, priority, msg_id);
+        }
+    }
+    free
+}
+
 /// Claims the picked rows; notes per priority what was claimed (the re-arm pass learns of
 /// the leases at commit; a rollback makes them claimable again).
+#[allow(clippy::too_many_arguments)]
 fn claim_picked(
     queue: &str,
     consumer: Option<&str>,
@@ -459,14 +631,13 @@ fn claim_picked(
     since: pg_sys::TimestampTz,
     granted: Interval,
     (bound_pid, bound_start): (Option<i32>, Option<TimestampWithTimeZone>),
+    writes: Writes,
     outer: pg_sys::MemoryContext,
 ) -> Vec<Claimed> {
-    // The ledger is written where the setting asks for it and the SQL has it (0.22.0 on: 0.21.0 counted attempts).
-    let ledger = crate::guc::CLAIM_LEDGER.get() && crate::statement::has_column(c"messages", c"claims_ended");
-    let statement = match ledger {
-        true if crate::statement::has_column(c"claims", c"lease_expires_at") => &CLAIM,
-        true => &CLAIM_0_22,
-        false => CLAIM_WITHOUT_LEDGER.get(),
+    let statement = match writes {
+        Writes::Row => CLAIM_WITHOUT_LEDGER.get(),
+        Writes::RowAndLedger(statement) => statement,
+        Writes::Ledger => &CLAIM_LEDGER_ONLY,
     };
     let args = [
         picked.to_vec().into_datum(),
@@ -477,9 +648,10 @@ fn claim_picked(
         bound_start.into_datum(),
         queue.into_datum(),
     ];
+    let ledger = !matches!(writes, Writes::Row);
     let rows = if ledger { crate::held::claiming(|| statement.run(&args)) } else { statement.run(&args) };
     if ledger {
-        // The held set learns of the claim (shadowed: held.rs).
+        // The held set learns of the claim.
         let taken: Vec<(i64, i32, i64)> = (0..rows.len())
             .filter_map(|r| {
                 let lease = rows.get::<TimestampWithTimeZone>(r, 8)?;

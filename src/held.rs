@@ -13,7 +13,7 @@
 //! `pgqueue.held_set_capacity` = 0, or with every set in use by other databases, nothing is
 //! kept and nothing is lost.
 
-use crate::in_flight::{InFlight, Owner, Slot, Take};
+use crate::in_flight::{Holds, InFlight, Owner, Slot, Take};
 use crate::statement::Statement;
 use pgrx::heap_tuple::PgHeapTupleError;
 use pgrx::pg_sys;
@@ -247,6 +247,19 @@ pub fn took(claimed: &[(i64, i32, i64)]) {
             }
         });
     });
+}
+
+/// Whether claims hold these messages (msg_id, the next claim number by its row, which the
+/// asking claim holds locked), as far as this database's set can say: `Ask` for every one
+/// where it has none (not preloaded, more databases than sets, the SQL before 0.23.0).
+pub fn holds(claims: &[(i64, i32)]) -> Vec<Holds> {
+    let ask = || vec![Holds::Ask; claims.len()];
+    if claims.is_empty() || !in_use() {
+        return ask();
+    }
+    let owner = owner();
+    with_set(true, |shared| claims.iter().map(|&(msg_id, number)| shared.set.holds(owner, msg_id, number)).collect())
+        .unwrap_or_else(ask)
 }
 
 /// The claim `number` of `msg_id` ended in this transaction (applied at commit).

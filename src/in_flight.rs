@@ -1,6 +1,6 @@
 //! Which messages of a queue are in flight, as pure logic: the shared-memory part of stage 1 of
 //! the write path (docs/design/write-path.md, "Stage 1 in detail"), where a claim no longer
-//! writes the message row. Not wired yet.
+//! writes the message row.
 //!
 //! A claim locks a message's row (`FOR UPDATE SKIP LOCKED`: a lock record, no new row version;
 //! its re-check sees a release or an ack that committed since the claim's snapshot) and then
@@ -41,6 +41,23 @@ pub enum Take {
     /// As `Ask`, and the set had no room for it. The claim must pass its count of these to
     /// `commit` or `abort`.
     AskUnrecorded,
+}
+
+/// What the set says of a message to a claim that holds its row lock and must not hand it
+/// out while a claim that wrote only the ledger holds it (`holds`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Holds {
+    /// A claim the set lists at the attempt the row is at holds it: pass it over.
+    Yes,
+    /// As `Yes`, by a claim of another transaction whose commit or rollback has not reached
+    /// the set yet (a rollback's row lock goes before its callback runs): pass it over, and
+    /// look at it again once this claim has committed.
+    Settling,
+    /// Nobody holds it: absent where the set vouches, or listed at an earlier attempt, whose
+    /// end the row (locked, so committed) already shows.
+    No,
+    /// The set cannot say: ask the ledger, in a snapshot taken after the row lock.
+    Ask,
 }
 
 /// A claim under way (a backend's transaction); never 0, which marks committed entries.
@@ -177,6 +194,19 @@ impl<S: std::ops::DerefMut<Target = [Slot]>> InFlight<S> {
         self.widen(msg_id);
         if self.rebuilding {
             self.spoiled = true;
+        }
+    }
+
+    /// Whether a claim holds `msg_id`, asked by the claim `owner` holding its row lock;
+    /// `attempt` is the next one by the locked row.
+    pub fn holds(&self, owner: Owner, msg_id: i64, attempt: i32) -> Holds {
+        match self.find(msg_id).map(|i| (self.slots[i].attempt, self.slots[i].owner)) {
+            Some((listed, by)) if listed == attempt && by != 0 && by != owner => Holds::Settling,
+            Some((listed, _)) if listed == attempt => Holds::Yes,
+            Some((listed, _)) if listed < attempt => Holds::No,
+            Some(_) => Holds::Ask,
+            None if msg_id != 0 && self.vouches_for(msg_id) => Holds::No,
+            None => Holds::Ask,
         }
     }
 

@@ -3,9 +3,10 @@
 -- pgqueue.messages shows the claims of the claim ledger (step 3b of the write path:
 -- docs/design/write-path.md): a message whose row is 'ready' but that a live ledger entry
 -- holds (the entry numbered claims_ended + 1) is shown claimed, with that claim's attempt,
--- token, time, consumer, session and lease. This release's claims still write the row as
--- well, so what the view shows is unchanged; the view stops being updatable (the library
--- writes pgqueue.message_rows). pgqueue.jobs and pgqueue.queue_stats read the view.
+-- token, time, consumer, session and lease: with pgqueue.claim_ledger on, this release's
+-- claims write only the ledger and leave the row so. The view stops being updatable (the
+-- library writes pgqueue.message_rows). pgqueue.jobs and pgqueue.queue_stats read the view,
+-- and pgq_result and pgq_graph now read their states from it.
 --
 -- Fencing and the calls that end a claim take such a claim (the ledger decides for a 'ready'
 -- row): pgq_renew, pgq_nack, pgq_park and pgq_cancel are replaced (pgq_ack, pgq_fail and
@@ -237,6 +238,89 @@ BEGIN
      ORDER BY c.id;
 END
 $$;
+
+-- A message's state and what it reported: its progress while waiting or claimed (the latest
+-- its holders stored with pgq_renew), and once finished (finished_at set) its outcome as
+-- state, its result (pgq_ack) and last error. No row: no such message (of queue, if given),
+-- or its history was pruned. With wait, a message not finished yet is waited for, until the
+-- commit that finishes it or for at most wait; then the row is read as it is (state still
+-- 'ready', 'delayed' or 'claimed' when wait ran out).
+CREATE OR REPLACE FUNCTION pgqueue.pgq_result(msg_id bigint, wait interval DEFAULT '0', queue text DEFAULT NULL)
+RETURNS TABLE (
+    state text,
+    attempt integer,
+    result jsonb,
+    progress jsonb,
+    last_error text,
+    enqueued_at timestamptz,
+    finished_at timestamptz
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+BEGIN
+    IF queue IS NOT NULL THEN
+        PERFORM pgqueue._queue(queue);
+    END IF;
+    PERFORM pgqueue._require(msg_id, 'msg_id');
+    IF pgqueue._check_wait(wait, 'pgq_result') > interval '0' THEN
+        PERFORM pgqueue._await_outcome(msg_id, wait, queue);
+    END IF;
+    -- The view, not its rows: a claim through the claim ledger leaves its row 'ready'.
+    RETURN QUERY
+    SELECT m.state, m.attempt, NULL::jsonb, m.progress, m.last_error, m.enqueued_at, NULL::timestamptz
+      FROM pgqueue.messages m WHERE m.msg_id = msg_id AND (queue IS NULL OR m.queue = queue)
+     UNION ALL
+    SELECT h.outcome, h.attempt, h.result, h.progress, h.last_error, h.enqueued_at, h.finished_at
+      FROM pgqueue.history h WHERE h.msg_id = msg_id AND (queue IS NULL OR h.queue = queue)
+     LIMIT 1;
+END
+$$;
+
+-- A message's dependencies, one row each (id: its msg_id): itself ('message'), its parents ('parent', from its `after`, as
+-- they are now: a state while in the queue, an outcome once finished, NULL once pruned) and
+-- the children that wait or waited for it and are still in the queue ('child'). A finished
+-- child is found from its own side. No rows: no such message.
+CREATE OR REPLACE FUNCTION pgqueue.pgq_graph(msg_id bigint)
+RETURNS TABLE (relation text, id bigint, queue text, state text, on_parent_failure text,
+               enqueued_at timestamptz, finished_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    me record;
+BEGIN
+    -- States from the view, not its rows: a claim through the claim ledger leaves its row 'ready'.
+    SELECT j.msg_id, j.queue, j.state, j.after, j.enqueued_at, j.finished_at INTO me
+      FROM (SELECT m.msg_id, m.queue, m.state, m.after, m.enqueued_at, NULL::timestamptz AS finished_at
+              FROM pgqueue.messages m WHERE m.msg_id = pgqueue._require(msg_id, 'msg_id')
+             UNION ALL
+            SELECT h.msg_id, h.queue, h.outcome, h.after, h.enqueued_at, h.finished_at
+              FROM pgqueue.history h WHERE h.msg_id = msg_id
+             LIMIT 1) j;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT 'message', me.msg_id, me.queue, me.state,
+           (SELECT d.on_parent_failure FROM pgqueue.dependencies d WHERE d.child = me.msg_id LIMIT 1),
+           me.enqueued_at, me.finished_at
+     UNION ALL
+    (SELECT 'parent', p.id, j.queue, j.state, NULL, j.enqueued_at, j.finished_at
+       FROM pg_catalog.unnest(me.after) WITH ORDINALITY AS p(id, n)
+       LEFT JOIN LATERAL (
+            SELECT m.queue, m.state, m.enqueued_at, NULL::timestamptz AS finished_at
+              FROM pgqueue.messages m WHERE m.msg_id = p.id
+             UNION ALL
+            SELECT h.queue, h.outcome, h.enqueued_at, h.finished_at FROM pgqueue.history h WHERE h.msg_id = p.id
+             LIMIT 1) j ON true
+      ORDER BY p.n)
+     UNION ALL
+    (SELECT 'child', m.msg_id, m.queue, m.state, d.on_parent_failure, m.enqueued_at, NULL
+       FROM pgqueue.dependencies d JOIN pgqueue.messages m ON m.msg_id = d.child
+      WHERE d.parent = me.msg_id
+      ORDER BY m.msg_id);
+END
+$$;
+
 
 CREATE OR REPLACE FUNCTION pgqueue.pgq_park(
     msg_id bigint,

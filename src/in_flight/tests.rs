@@ -203,21 +203,23 @@ impl World {
                 self.claims[k].locks.insert(msg);
                 let attempt = m.ended + 1;
                 let owner = self.claims[k].owner;
-                let got = match self.set.take(owner, msg, attempt, 0) {
-                    Take::Skip => false,
-                    Take::Free => true,
-                    how @ (Take::Ask | Take::AskUnrecorded) => {
-                        if how == Take::AskUnrecorded {
-                            self.claims[k].unrecorded += 1;
-                        }
-                        let held = self.ledger().iter().any(|&(id, a, _)| id == msg && a == attempt);
-                        if held {
-                            self.set.untake(owner, msg);
-                        }
-                        !held
-                    }
+                // As a claim decides (claim.rs): the set, else the ledger read after the lock;
+                // then it takes what it got (held.rs `took`), the set listing an ended attempt
+                // holding it without an entry.
+                let got = match self.set.holds(owner, msg, attempt) {
+                    Holds::Yes | Holds::Settling => false,
+                    Holds::No => true,
+                    Holds::Ask => !self.ledger().iter().any(|&(id, a, _)| id == msg && a == attempt),
                 };
                 if got {
+                    match self.set.take(owner, msg, attempt, 0) {
+                        Take::Free | Take::Ask => {}
+                        Take::AskUnrecorded => self.claims[k].unrecorded += 1,
+                        Take::Skip => {
+                            self.set.hold_unrecorded(msg);
+                            self.claims[k].unrecorded += 1;
+                        }
+                    }
                     let others = self.holders(msg);
                     assert!(others.is_empty(), "message {msg} handed to claim {owner} while {others:?} hold it");
                     self.claims[k].got.push((msg, attempt));
@@ -549,4 +551,26 @@ fn what_the_set_may_not_know_it_stops_vouching_for() {
     set.abandon_rebuild(epoch);
     assert!(!set.finish_rebuild(epoch, &[]));
     assert!(!set.is_exact());
+}
+
+/// What `holds` tells a claim: a listing at the row's attempt holds the message, one at an
+/// earlier attempt does not (its end committed: the row shows it), and where the set cannot
+/// vouch (or for msg_id 0, which no slot holds) the ledger must say.
+#[test]
+fn holds_answers_by_the_attempt_the_row_is_at() {
+    let mut set = set_of(8);
+    assert_eq!(set.holds(1, 3, 1), Holds::Ask, "after a restart: nothing is known");
+    let epoch = set.begin_rebuild().expect("not exact");
+    assert!(set.finish_rebuild(epoch, &[(3, 2, 0)]));
+    assert_eq!(set.holds(1, 3, 2), Holds::Yes);
+    assert_eq!(set.holds(1, 3, 3), Holds::No, "attempt 2 ended: the row is at 3");
+    assert_eq!(set.holds(1, 3, 1), Holds::Ask, "the row behind the set: not for the set to say");
+    assert_eq!(set.holds(1, 4, 1), Holds::No, "exact: absent is free");
+    assert_eq!(set.holds(1, 0, 1), Holds::Ask);
+    // Taken by claim 2, not yet committed (or rolled back, its callback not yet run).
+    assert_eq!(set.take(2, 5, 1, 0), Take::Free);
+    assert_eq!(set.holds(1, 5, 1), Holds::Settling);
+    assert_eq!(set.holds(2, 5, 1), Holds::Yes, "its own claim");
+    set.commit(2, &[5], 0);
+    assert_eq!(set.holds(1, 5, 1), Holds::Yes);
 }

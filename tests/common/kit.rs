@@ -295,6 +295,21 @@ pub fn as_the_ledger_leaves_it(c: &mut impl GenericClient, id: i64) {
     .unwrap();
 }
 
+/// Writes claim `m` onto its message's row as the claims of 0.22.0 and 0.23.0 did (the row
+/// and the ledger; a claim through the ledger now leaves the row as it was): for tests of
+/// such claims, which an update leaves in flight. A row a claim wrote already is left alone.
+pub fn as_a_row_claim_leaves_it(c: &mut impl GenericClient, m: &Claimed) {
+    c.execute(
+        "UPDATE pgqueue.message_rows r
+            SET state = 'claimed', attempt = v.attempt, claim_token = v.claim_token, claimed_at = v.claimed_at,
+                lease_expires_at = v.lease_expires_at, consumer = v.consumer
+           FROM pgqueue.messages v
+          WHERE r.msg_id = $1 AND v.msg_id = r.msg_id AND r.state = 'ready' AND v.claim_token = $2",
+        &[&m.id, &m.token],
+    )
+    .unwrap();
+}
+
 /// (state, attempt, claims_ended, whether the row has a lease) of message `id`'s row.
 pub fn message_row(c: &mut impl GenericClient, id: i64) -> Option<(String, i32, i32, bool)> {
     c.query_opt(

@@ -10,8 +10,8 @@
 //! row, which fencing takes on the row's word (`random token` below).
 
 use crate::common::kit::{
-    Claimed, as_the_ledger_leaves_it, claim, claim_one, drop_queue, held_disagreements, ledger_disagreements, message,
-    message_row, new_queue, send_many,
+    Claimed, as_a_row_claim_leaves_it, as_the_ledger_leaves_it, claim, claim_one, drop_queue, held_disagreements,
+    ledger_disagreements, message, message_row, new_queue, send_many,
 };
 use crate::common::{Client, sqlstate};
 use postgres::GenericClient;
@@ -93,8 +93,10 @@ fn fencing_raises_xx000_and_changes_nothing_where_the_ledger_does_not_vouch_for_
     for (name, sql) in FENCED {
         let q = new_queue(&mut c, "");
         send_many(&mut c, &q, 3, "0");
-        // Its ledger row gone (as a prune too early would leave it).
+        // Claims that wrote the row too (0.22.0, 0.23.0): the row holds them under a ledger
+        // token. Its ledger row gone (as a prune too early would leave it).
         let m = claim_one(&mut c, &q, None);
+        as_a_row_claim_leaves_it(&mut c, &m);
         let row = named(&mut c, m.token);
         c.execute("DELETE FROM pgqueue.claims WHERE claim_id = $1", &[&row]).unwrap();
         assert_eq!(ledger_disagreements(&mut c, &[&q]), [m.id]);
@@ -104,6 +106,7 @@ fn fencing_raises_xx000_and_changes_nothing_where_the_ledger_does_not_vouch_for_
 
         // A token the ledger issued for another claim number, written to the row by hand.
         let other = claim_one(&mut c, &q, None);
+        as_a_row_claim_leaves_it(&mut c, &other);
         let row = named(&mut c, other.token);
         let forged: Uuid = c
             .query_one("SELECT pgqueue._claim_token((SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1), $2, $1, 7)", &[&other.id, &row])
@@ -115,6 +118,7 @@ fn fencing_raises_xx000_and_changes_nothing_where_the_ledger_does_not_vouch_for_
 
         // A random token (as claims in flight during the update keep): the row's word alone.
         let legacy = claim_one(&mut c, &q, None);
+        as_a_row_claim_leaves_it(&mut c, &legacy);
         let random = Uuid::new_v4();
         c.execute("UPDATE pgqueue.message_rows SET claim_token = $2 WHERE msg_id = $1", &[&legacy.id, &random])
             .unwrap();

@@ -70,8 +70,10 @@ fn a_job_costs_four_row_writes_claimed_and_acked_in_two_calls() {
     two_calls(false);
 }
 
+/// 0.24.0: with the ledger on, a claim writes its call's ledger row and leaves the message
+/// rows as they were (step 3b of the write path): three row writes a job, and one a call.
 #[test]
-fn with_the_claim_ledger_a_claim_call_costs_one_row_more() {
+fn with_the_claim_ledger_a_job_costs_three_row_writes_and_one_a_claim_call() {
     two_calls(true);
     one_call(true);
 }
@@ -102,9 +104,9 @@ fn two_calls(ledger: bool) {
     let claimed = since(before, writes(&mut tx));
     assert_eq!(
         claimed,
-        Writes { updated: JOBS, ledger: led, ..Writes::default() },
-        "a claim writes a new version of each message's row, none of them HOT (the in-flight index), and with \
-         the ledger on, one claim ledger row"
+        Writes { updated: JOBS * (1 - led), ledger: led, ..Writes::default() },
+        "a claim writes a new version of each message's row, none of them HOT (the in-flight index), or with \
+         the ledger on, one claim ledger row and nothing else"
     );
 
     let before = writes(&mut tx);
@@ -122,9 +124,9 @@ fn two_calls(ledger: bool) {
     );
     let per_job =
         (sent.inserted + claimed.updated + claimed.ledger + finished.deleted + finished.history) as f64 / JOBS as f64;
-    // The ledger row is step 2's price (docs/design/write-path.md), before step 3 stops
-    // writing the message's row at the claim.
-    assert_eq!(per_job, 4.0 + led as f64 / JOBS as f64, "row writes a job (issue 26's target: at most 2)");
+    // With the ledger, the claim's row write becomes one ledger row a call (step 3b,
+    // docs/design/write-path.md); stage 2 is to take the ack's two.
+    assert_eq!(per_job, 4.0 - led as f64 + led as f64 / JOBS as f64, "row writes a job (issue 26's target: at most 2)");
     tx.rollback().unwrap();
 }
 
@@ -158,6 +160,9 @@ fn one_call(ledger: bool) {
     assert_eq!(rows, 0, "every ack taken (no not_acked row), nothing left to claim");
     let consumed = since(before, writes(&mut tx));
     let led = i64::from(ledger);
-    assert_eq!(consumed, Writes { updated: JOBS, deleted: JOBS, history: JOBS, ledger: led, ..Writes::default() });
+    assert_eq!(
+        consumed,
+        Writes { updated: JOBS * (1 - led), deleted: JOBS, history: JOBS, ledger: led, ..Writes::default() }
+    );
     tx.rollback().unwrap();
 }
