@@ -303,7 +303,9 @@ fn a_pinned_horizon_does_not_make_claims_walk_dead_entries() {
          the scan from the start: {from_start}",
         before.buffers, after.buffers
     );
-    assert!(dead >= 20_000, "the pin keeps the dead rows: {summary}");
+    // 20,020 deletes, and with the claim ledger off as many claims' old row versions (a claim
+    // through the ledger writes no row); the statistics may lag by a round.
+    assert!(dead >= 15_000, "the pin keeps the dead rows: {summary}");
     assert!(from_start > after.buffers + 50, "without hints the scan walks the dead entries: {summary}");
     assert!(after.buffers <= before.buffers + 3, "{summary}");
     assert!(after.indexes.contains(&"messages_ready_idx".to_string()), "{after:?}");
@@ -425,7 +427,9 @@ fn a_pinned_horizon_does_not_make_the_rearm_pass_walk_dead_entries() {
     let db = unique_queue("rearmpin");
     connect().batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
     let mut c = common::connect_to(&db);
-    c.batch_execute("CREATE EXTENSION pgqueue").unwrap();
+    // Claims that write the row (the in-flight index is theirs; through the claim ledger a
+    // claim leaves the row 'ready', and the pass walks the ledger instead).
+    c.batch_execute("CREATE EXTENSION pgqueue; SET pgqueue.claim_ledger = off").unwrap();
     let q = "jobs";
     c.execute("SELECT pgqueue.pgq_create_queue($1)", &[&q]).unwrap();
     let mut pin = common::connect_to(&db);
