@@ -465,23 +465,11 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
                 s = start(queue);
             }
             let writes = writes();
-            // Rows a claim holds stay 'ready' where claims write only the ledger: passed
-            // over, and picked past until the pick finds free rows or none.
-            let mut passed = vec![];
-            loop {
-                let ledger_only = matches!(writes, Writes::Ledger);
-                let picked = pick(queue, &s, qty, ledger_only.then_some(&passed[..]));
-                if picked.is_empty() {
-                    break;
-                }
-                let free = match writes {
-                    Writes::Ledger => free_of_holds(queue, picked, &mut passed),
-                    _ => picked.into_iter().map(|(id, _, _)| id).collect(),
-                };
-                if free.is_empty() {
-                    s = start(queue);
-                    continue;
-                }
+            let free = match writes {
+                Writes::Ledger => pick_free(queue, &mut s, qty),
+                _ => pick(queue, &s, qty, None).into_iter().map(|(id, _, _)| id).collect(),
+            };
+            if !free.is_empty() {
                 if crate::dispatch::chains(woken, free.len(), qty as usize) {
                     crate::wait::chain(queue);
                 }
@@ -554,6 +542,30 @@ fn pick(queue: &str, s: &Start, qty: i32, passed: Option<&[i64]>) -> Vec<(i64, i
         }
     }
     picked
+}
+
+/// Where claims write only the ledger, the rows claims hold stay 'ready': picks pass them
+/// over (`free_of_holds`) and go on past them, and past the free rows already locked, until
+/// `qty` are free or nothing more is claimable. Returns the free rows, locked.
+fn pick_free(queue: &str, s: &mut Start, qty: i32) -> Vec<i64> {
+    let (mut free, mut passed) = (vec![], vec![]);
+    loop {
+        let left_out: Vec<i64> = passed.iter().chain(&free).copied().collect();
+        let picked = pick(queue, s, qty - free.len() as i32, Some(&left_out));
+        let all = picked.len();
+        if all == 0 {
+            return free;
+        }
+        let got = free_of_holds(queue, picked, &mut passed);
+        let held = all - got.len();
+        free.extend(got);
+        if held == 0 || free.len() as i32 >= qty {
+            free.sort_unstable();
+            return free;
+        }
+        // The hints moved past what this pick was handed.
+        *s = start(queue);
+    }
 }
 
 /// How this database's claims write a claim: a random token on the row (`pgqueue.claim_ledger`

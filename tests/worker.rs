@@ -306,8 +306,7 @@ fn a_hundred_thousand_abandoned_claims_drain_in_bounded_passes_while_live_work_f
     assert_eq!(rows, ABANDONED, "each abandoned claim re-armed exactly once");
     // Through the claim ledger (on in the suite from 17 on) a batch takes whole ledger rows,
     // here claim calls of 1,000 each.
-    let ledger: bool =
-        c.query_one("SELECT current_setting('pgqueue.claim_ledger')::boolean", &[]).unwrap().get(0);
+    let ledger: bool = c.query_one("SELECT current_setting('pgqueue.claim_ledger')::boolean", &[]).unwrap().get(0);
     let per_batch = if ledger { 1000 } else { 500 };
     assert!(batches >= ABANDONED / per_batch, "bounded batches of {per_batch}: {batches}");
     assert!(live_during_drain > 0, "live claims kept flowing during the drain");

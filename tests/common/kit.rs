@@ -230,8 +230,40 @@ pub fn ledger_disagreements(c: &mut impl GenericClient, queues: &[&str]) -> Vec<
 /// committed ("missing"), a committed entry of one of their messages (waiting or in history)
 /// that is not the row's current claim ("stale"), or one whose lease is not the row's
 /// ("lease"). Empty without shared memory. Only meaningful while no claim, renewal or end of
-/// these queues is under way.
+/// these queues is under way. Two races are read past: a rebuild by the tick between the
+/// reads of the set's state and of its entries (which would make every claim it added look
+/// missing), and a commit that the rows show while its callback has not reached the set yet
+/// (an ack still under way makes its entry look stale): what disagrees is read again until
+/// the same disagreements are found three times in a row, 50 ms apart.
 pub fn held_disagreements(c: &mut impl GenericClient, queues: &[&str]) -> Vec<String> {
+    let (mut last, mut same) = (None, 0);
+    for _ in 0..40 {
+        let before = held_state(c);
+        let found = held_disagreements_once(c, queues);
+        if held_state(c) != before {
+            continue;
+        }
+        if found.is_empty() {
+            return found;
+        }
+        same = if last.as_ref() == Some(&found) { same + 1 } else { 1 };
+        if same == 3 {
+            return found;
+        }
+        last = Some(found);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    last.unwrap_or_else(|| panic!("the held set was rebuilt during each of 40 reads"))
+}
+
+/// The held set's (exact, rebuilds, unknown_from, unknown_to); None without shared memory.
+fn held_state(c: &mut impl GenericClient) -> Option<(bool, i64, Option<i64>, Option<i64>)> {
+    c.query_opt("SELECT exact, rebuilds, unknown_from, unknown_to FROM pgqueue.held_set", &[])
+        .unwrap()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+}
+
+fn held_disagreements_once(c: &mut impl GenericClient, queues: &[&str]) -> Vec<String> {
     c.query(
         "WITH s AS (SELECT * FROM pgqueue.held_set),
               truth AS (SELECT m.msg_id, m.claims_ended + 1 AS number, m.lease_expires_at AS lease
