@@ -11,8 +11,8 @@ use crate::queue_state::{self, Key, State};
 use crate::statement::{OnRows, Rows, Statement};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::{
-    self, BOOLOID, INT2OID, INT4OID, INT8ARRAYOID, INT8OID, INTERVALOID, JSONBARRAYOID, TEXTOID, TIMESTAMPTZOID,
-    UUIDARRAYOID,
+    self, BOOLOID, INT2OID, INT4ARRAYOID, INT4OID, INT8ARRAYOID, INT8OID, INTERVALOID, JSONBARRAYOID, TEXTOID,
+    TIMESTAMPTZOID, UUIDARRAYOID,
 };
 use pgrx::pgrx_sql_entity_graph::metadata::{
     ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
@@ -283,11 +283,16 @@ static PICK_FROM_FREE: Statement = Statement {
         " AND m.msg_id NOT IN (SELECT pg_catalog.unnest($6::bigint[]))"),
     args: &[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID, INT8ARRAYOID],
 };
-/// Which of the rows a claim locked (`$2`) the ledger holds, where the held set cannot say:
-/// in a snapshot taken after the row locks, so a claim that committed meanwhile is seen.
+/// Which of the rows a claim locked (`$2`, at the claim numbers `$3` their rows are at) a
+/// live ledger entry holds, where the held set cannot say: in a snapshot taken after the row
+/// locks, so a claim that committed meanwhile is seen. It reads the queue's ledger rows (about
+/// one a claim call in flight), not their messages' rows: the numbers are the rows' already.
 static LEDGER_HOLDS: Statement = Statement {
-    sql: c"SELECT h.msg_id FROM pgqueue._ledger_held h WHERE h.queue = $1 AND h.msg_id = ANY ($2)",
-    args: &[TEXTOID, INT8ARRAYOID],
+    sql: c"SELECT e.msg_id
+             FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number),
+                  unnest($2::bigint[], $3::integer[]) AS a(msg_id, number)
+            WHERE c.queue = $1 AND e.msg_id = a.msg_id AND e.number = a.number",
+    args: &[TEXTOID, INT8ARRAYOID, INT4ARRAYOID],
 };
 /// Claims the picked rows and writes the call's claim ledger row (`pgqueue.claims`): the rows'
 /// claim numbers (`claims_ended` + 1), read from the rows this claim holds locked, and their
@@ -597,7 +602,8 @@ fn writes() -> Writes {
 /// its snapshot does.
 fn free_of_holds(queue: &str, picked: Vec<(i64, i16, i32)>, passed: &mut Vec<i64>) -> Vec<i64> {
     let holds = crate::held::holds(&picked.iter().map(|&(id, _, number)| (id, number)).collect::<Vec<_>>());
-    let ask: Vec<i64> = picked.iter().zip(&holds).filter(|(_, h)| **h == Holds::Ask).map(|(p, _)| p.0).collect();
+    let (ask, numbers): (Vec<i64>, Vec<i32>) =
+        picked.iter().zip(&holds).filter(|(_, h)| **h == Holds::Ask).map(|(p, _)| (p.0, p.2)).unzip();
     let mut held_by_ledger = vec![];
     if !ask.is_empty() {
         if !snapshot_per_statement() {
@@ -608,7 +614,7 @@ fn free_of_holds(queue: &str, picked: Vec<(i64, i16, i32)>, passed: &mut Vec<i64
                 "Claim in a READ COMMITTED transaction, or retry the transaction."
             );
         }
-        let rows = LEDGER_HOLDS.run(&[queue.into_datum(), ask.into_datum()]);
+        let rows = LEDGER_HOLDS.run(&[queue.into_datum(), ask.into_datum(), numbers.into_datum()]);
         held_by_ledger = (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
     }
     let mut free = vec![];

@@ -16,7 +16,7 @@ pub static RESCUE_PASS_BUDGET_MS: GucSetting<i32> = GucSetting::<i32>::new(500);
 pub static RESCUE_PASS_MAX_ROWS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 pub static PRUNE_LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10);
 pub static MAX_QUEUES: GucSetting<i32> = GucSetting::<i32>::new(1024);
-pub static HELD_SET_CAPACITY: GucSetting<i32> = GucSetting::<i32>::new(8192);
+pub static HELD_SET_CAPACITY: GucSetting<i32> = GucSetting::<i32>::new(16384);
 pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 pub static ROLLUP_RETENTION_MIN: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 60);
 
@@ -49,7 +49,7 @@ pub fn init(preloading: bool) {
         int(
             c"pgqueue.held_set_capacity",
             c"Claims through the claim ledger that each database's held set keeps in shared memory.",
-            c"Rounded up to a power of two; 72 bytes a claim, for each of 8 databases. Past it the set stops vouching for the claims it has no room for; 0: no held set.",
+            c"Rounded up to a power of two; 72 bytes a claim, for each of 8 databases. Past it the set stops vouching for the claims it has no room for, and claims of those messages read the ledger; 0: no held set.",
             &HELD_SET_CAPACITY,
             (0, 4_194_304),
             Postmaster,
