@@ -176,11 +176,18 @@ $$;
 -- 'ready': step 3b of the write path): the live entries of the ledger's rows (at their
 -- message's claim number), with the lease in force (a renewal's, on the row, else the one
 -- the claim granted). Read by queue: its ledger rows by index (claims_queue_idx), their
--- messages by primary key, as many reads as the queue has claims in flight.
+-- messages by primary key, as many reads as the queue has claims in flight. Each message is
+-- looked up from its ledger entry, never the other way round: as a plain join, a generic plan
+-- could walk the queue's ready rows and scan its ledger rows for each (the tick's hint check
+-- then ran for minutes with 100,000 ready messages and 5,000 ledger rows); a subquery with a
+-- LIMIT is not pulled up into the join, so the ledger stays outside.
 CREATE VIEW pgqueue._ledger_held AS
-SELECT c.queue, m.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at
-  FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number), pgqueue.message_rows m
- WHERE m.msg_id = e.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = e.number;
+SELECT c.queue, e.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at
+  FROM pgqueue.claims c
+ CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
+ CROSS JOIN LATERAL (SELECT r.lease_expires_at FROM pgqueue.message_rows r
+                      WHERE r.msg_id = e.msg_id AND r.state = 'ready' AND r.claims_ended + 1 = e.number
+                      LIMIT 1) m;
 
 -- Claim ledger rows written other than by a claim (a restore's COPY, an operator's INSERT)
 -- make this database's held set forget everything at their commit (src/held.rs): it must not

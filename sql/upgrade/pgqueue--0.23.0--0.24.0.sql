@@ -31,9 +31,12 @@
 CREATE INDEX claims_queue_idx ON pgqueue.claims (queue, claim_id);
 
 CREATE VIEW pgqueue._ledger_held AS
-SELECT c.queue, m.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at
-  FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number), pgqueue.message_rows m
- WHERE m.msg_id = e.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = e.number;
+SELECT c.queue, e.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at
+  FROM pgqueue.claims c
+ CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
+ CROSS JOIN LATERAL (SELECT r.lease_expires_at FROM pgqueue.message_rows r
+                      WHERE r.msg_id = e.msg_id AND r.state = 'ready' AND r.claims_ended + 1 = e.number
+                      LIMIT 1) m;
 REVOKE ALL ON pgqueue._ledger_held FROM PUBLIC;
 COMMENT ON VIEW pgqueue._ledger_held IS
     'internal: the messages that only the claim ledger holds (rows left ready by their claim), with the lease in force; read it by queue';
