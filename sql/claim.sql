@@ -174,7 +174,7 @@ $$;
 
 -- The messages that only the claim ledger holds (rows a claim through the ledger left
 -- 'ready': step 3b of the write path): the live entries of the ledger's rows (at their
--- message's claim number), with the lease in force (a renewal's, on the row, else the one
+-- message's claim number), with the lease in force and the ledger row (a renewal's, on the row, else the one
 -- the claim granted). Read by queue: its ledger rows by index (claims_queue_idx), their
 -- messages by primary key, as many reads as the queue has claims in flight. Each message is
 -- looked up from its ledger entry, never the other way round: as a plain join, a generic plan
@@ -182,7 +182,7 @@ $$;
 -- then ran for minutes with 100,000 ready messages and 5,000 ledger rows); a subquery with a
 -- LIMIT is not pulled up into the join, so the ledger stays outside.
 CREATE VIEW pgqueue._ledger_held AS
-SELECT c.queue, e.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at
+SELECT c.queue, e.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at, c.claim_id
   FROM pgqueue.claims c
  CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
  CROSS JOIN LATERAL (SELECT r.lease_expires_at FROM pgqueue.message_rows r

@@ -29,14 +29,17 @@ BEGIN ATOMIC
                             WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
            FOR UPDATE OF m SKIP LOCKED
     ), orphaned_in_ledger AS (
-        SELECT m.msg_id FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number),
-               pgqueue.message_rows m
+        -- Each message looked up from its entry (as in _ledger_held), and locked there.
+        SELECT m.msg_id FROM pgqueue.claims c
+         CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
+         CROSS JOIN LATERAL (SELECT r.msg_id FROM pgqueue.message_rows r
+                              WHERE r.msg_id = e.msg_id AND r.state = 'ready' AND r.claims_ended + 1 = e.number
+                                AND coalesce(r.lease_expires_at, c.lease_expires_at) > now()
+                              LIMIT 1
+                                FOR UPDATE SKIP LOCKED) m
          WHERE c.session_pid IS NOT NULL
            AND NOT EXISTS (SELECT FROM alive a
                             WHERE a.pid = c.session_pid AND a.backend_start = c.session_started)
-           AND m.msg_id = e.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = e.number
-           AND coalesce(m.lease_expires_at, c.lease_expires_at) > now()
-           FOR UPDATE OF m SKIP LOCKED
     ), expired AS (
         UPDATE pgqueue.message_rows m SET lease_expires_at = now()
           FROM (SELECT o.msg_id FROM orphaned o UNION ALL SELECT o.msg_id FROM orphaned_in_ledger o) o

@@ -364,12 +364,14 @@ static BLOCKED: Statement = Statement {
     args: &[],
 };
 /// The live claims by the ledger (an entry whose message's claims_ended is below its number),
-/// with their leases, read with the rows they name in one snapshot.
+/// with their leases in force (the row's, else the ledger row's: a claim through the ledger
+/// leaves the row without one), read with the rows they name in one snapshot. Each row
+/// looked up from its entry (as in `_ledger_held`), whatever the planner's estimates.
 static LIVE: Statement = Statement {
-    sql: c"SELECT e.msg_id, e.number, m.lease_expires_at
+    sql: c"SELECT e.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at)
              FROM pgqueue.claims c CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
-             JOIN pgqueue.message_rows m ON m.msg_id = e.msg_id
-            WHERE m.claims_ended < e.number",
+            CROSS JOIN LATERAL (SELECT r.lease_expires_at FROM pgqueue.message_rows r
+                                 WHERE r.msg_id = e.msg_id AND r.claims_ended < e.number LIMIT 1) m",
     args: &[],
 };
 

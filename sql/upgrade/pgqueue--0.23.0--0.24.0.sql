@@ -31,7 +31,7 @@
 CREATE INDEX claims_queue_idx ON pgqueue.claims (queue, claim_id);
 
 CREATE VIEW pgqueue._ledger_held AS
-SELECT c.queue, e.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at
+SELECT c.queue, e.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at, c.claim_id
   FROM pgqueue.claims c
  CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
  CROSS JOIN LATERAL (SELECT r.lease_expires_at FROM pgqueue.message_rows r
@@ -477,7 +477,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION pgqueue._rearm_ledger_batch(after_claim_id bigint, max_rows integer, queue text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pgqueue._rearm_ledger_batch(after_claim_id bigint, max_rows integer, queue text DEFAULT NULL)
 RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_claim_id bigint, more boolean, next_expiry timestamptz)
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 #variable_conflict use_variable
@@ -509,25 +509,28 @@ BEGIN
            coalesce(array_agg(e.msg_id) FILTER (WHERE e.cancel), '{}'),
            coalesce(array_agg(e.token) FILTER (WHERE e.cancel), '{}')
       INTO retry, exhausted, exhausted_tokens, cancelled, cancelled_tokens
-      FROM (SELECT m.msg_id, m.attempt + 1 AS attempt, q.max_attempts, m.cancel_requested_at IS NOT NULL AS cancel,
+      FROM (SELECT m.msg_id, m.attempt + 1 AS attempt, q.max_attempts, m.cancel,
                    pgqueue._claim_token((SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
                                         c.claim_id, m.msg_id, l.number) AS token
-              FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number),
-                   pgqueue.message_rows m, pgqueue.queues q
-             WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id AND (queue IS NULL OR c.queue = queue)
-               AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number
-               AND coalesce(m.lease_expires_at, c.lease_expires_at) <= now()
-               AND q.queue = m.queue
-             ORDER BY m.msg_id
-               FOR UPDATE OF m SKIP LOCKED) e;
+              FROM pgqueue.claims c
+             CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number)
+             -- Each message looked up from its entry (as in _ledger_held), and locked there.
+             CROSS JOIN LATERAL (SELECT r.msg_id, r.attempt, r.queue, r.cancel_requested_at IS NOT NULL AS cancel
+                                   FROM pgqueue.message_rows r
+                                  WHERE r.msg_id = l.msg_id AND r.state = 'ready' AND r.claims_ended + 1 = l.number
+                                    AND coalesce(r.lease_expires_at, c.lease_expires_at) <= now()
+                                  LIMIT 1
+                                    FOR UPDATE SKIP LOCKED) m
+              JOIN pgqueue.queues q ON q.queue = m.queue
+             WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id
+               AND (queue IS NULL OR c.queue = queue)) e;
     SELECT r.rearmed, r.dead_lettered INTO rearmed, dead_lettered
       FROM pgqueue._release_expired(retry, exhausted, exhausted_tokens, cancelled, cancelled_tokens) r;
     -- After the release, which ended what it re-armed: what is left live, an ended lease that
     -- another session held locked included (the next pass then comes at once).
-    SELECT min(coalesce(m.lease_expires_at, c.lease_expires_at)) INTO next_expiry
-      FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS l(msg_id, number), pgqueue.message_rows m
-     WHERE c.claim_id > after_claim_id AND c.claim_id <= last_claim_id AND (queue IS NULL OR c.queue = queue)
-       AND m.msg_id = l.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = l.number;
+    SELECT min(h.lease_expires_at) INTO next_expiry
+      FROM pgqueue._ledger_held h
+     WHERE h.claim_id > after_claim_id AND h.claim_id <= last_claim_id AND (queue IS NULL OR h.queue = queue);
     RETURN NEXT;
 END
 $$;
@@ -586,14 +589,17 @@ BEGIN ATOMIC
                             WHERE a.pid = m.session_pid AND a.backend_start = m.session_started)
            FOR UPDATE OF m SKIP LOCKED
     ), orphaned_in_ledger AS (
-        SELECT m.msg_id FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number),
-               pgqueue.message_rows m
+        -- Each message looked up from its entry (as in _ledger_held), and locked there.
+        SELECT m.msg_id FROM pgqueue.claims c
+         CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
+         CROSS JOIN LATERAL (SELECT r.msg_id FROM pgqueue.message_rows r
+                              WHERE r.msg_id = e.msg_id AND r.state = 'ready' AND r.claims_ended + 1 = e.number
+                                AND coalesce(r.lease_expires_at, c.lease_expires_at) > now()
+                              LIMIT 1
+                                FOR UPDATE SKIP LOCKED) m
          WHERE c.session_pid IS NOT NULL
            AND NOT EXISTS (SELECT FROM alive a
                             WHERE a.pid = c.session_pid AND a.backend_start = c.session_started)
-           AND m.msg_id = e.msg_id AND m.state = 'ready' AND m.claims_ended + 1 = e.number
-           AND coalesce(m.lease_expires_at, c.lease_expires_at) > now()
-           FOR UPDATE OF m SKIP LOCKED
     ), expired AS (
         UPDATE pgqueue.message_rows m SET lease_expires_at = now()
           FROM (SELECT o.msg_id FROM orphaned o UNION ALL SELECT o.msg_id FROM orphaned_in_ledger o) o
