@@ -180,7 +180,10 @@ $$;
 -- looked up from its ledger entry, never the other way round: as a plain join, a generic plan
 -- could walk the queue's ready rows and scan its ledger rows for each (the tick's hint check
 -- then ran for minutes with 100,000 ready messages and 5,000 ledger rows); a subquery with a
--- LIMIT is not pulled up into the join, so the ledger stays outside.
+-- LIMIT is not pulled up into the join, so the ledger stays outside. The lookup itself must
+-- go by primary key: a plan made while the table was empty (a worker's kept plan) would scan
+-- it for each entry, so the functions the worker runs over this view plan with
+-- enable_seqscan off, as the library's kept statements do (statement.rs).
 CREATE VIEW pgqueue._ledger_held AS
 SELECT c.queue, e.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at, c.claim_id
   FROM pgqueue.claims c

@@ -313,7 +313,7 @@ $$;
 -- of the live entries it saw that it did not end.
 CREATE FUNCTION pgqueue._rearm_ledger_batch(after_claim_id bigint, max_rows integer, queue text DEFAULT NULL)
 RETURNS TABLE (rearmed bigint, dead_lettered bigint, last_claim_id bigint, more boolean, next_expiry timestamptz)
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off SET enable_seqscan = off AS $$
 #variable_conflict use_variable
 DECLARE
     retry bigint[];

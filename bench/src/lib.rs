@@ -2116,8 +2116,11 @@ impl Bench {
             .unwrap()
             .get(0);
         if ledger_leases {
-            tx.execute("UPDATE pgqueue.claims SET lease_expires_at = now() - interval '1 s' WHERE queue = 'bench'", &[])
-                .unwrap();
+            tx.execute(
+                "UPDATE pgqueue.claims SET lease_expires_at = now() - interval '1 s' WHERE queue = 'bench'",
+                &[],
+            )
+            .unwrap();
         }
         tx.execute("SELECT pgqueue._renewed(now() - interval '1 s')", &[]).unwrap();
         tx.commit().unwrap();
