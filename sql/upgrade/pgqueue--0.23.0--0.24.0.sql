@@ -729,6 +729,9 @@ BEGIN
                              array_agg(g.number) FILTER (WHERE g.number IS NOT NULL))
       INTO parents, children, ended FROM gone g;
     ended := pgqueue._held_end(held, held_numbers);
+    -- Its claim ledger rows: none of their entries is live now. Left to the tick's "claims"
+    -- step, a queue created again under the name would read them as its own until then.
+    DELETE FROM pgqueue.claims c WHERE c.queue = pgq_drop_queue.queue;
     -- Children in other queues: their parents were deleted (on_parent_failure applies).
     IF parents IS NOT NULL OR children IS NOT NULL THEN
         PERFORM pgqueue._finish_dependencies(coalesce(parents, '{}'),

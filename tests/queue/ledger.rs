@@ -538,6 +538,7 @@ fn counts_and_checks_take_a_claim_only_the_ledger_holds_as_claimed() {
     // Forced (the worker is off in this binary: nothing touches the rows meanwhile).
     drop_queue(&mut c, &q);
     assert_eq!(crate::common::kit::held_numbers(&mut c, &ids[..2]), [0, 0], "their held-set entries ended");
+    assert!(ledger(&mut c, &q).is_empty(), "its ledger rows go with it (a queue created again would read them)");
 }
 
 /// A ledger batch of the re-arm pass (`_rearm_ledger_batch`) for one queue reads only that
