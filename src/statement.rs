@@ -126,12 +126,12 @@ impl Statement {
         // a while, a pinned horizon) would be compiled anew at every run of a hot path,
         // which costs far more than the run (pgq_claim and pgq_ack_claim set jit = off for
         // the same reason). Planning and re-planning happen inside the execution.
-        let _no_jit = NoJit::new();
+        let _no_jit = SetFor::new(&raw mut pg_sys::jit_enabled, false);
         // Nor planned with sequential scans: a kept plan made while a table was empty (a
         // worker started on an idle queue) would scan it whole at every run once it has
         // grown, where each statement here looks rows up by an index (the held set's rebuild
         // looked every ledger entry's message up that way, and stalled the worker).
-        let _no_seqscan = NoSeqScan::new();
+        let _no_seqscan = SetFor::new(&raw mut pg_sys::enable_seqscan, false);
         // SAFETY: the plan is kept; values and nulls have the plan's argument count. (A
         // statement that returns no rows leaves SPI_tuptable as it was.)
         let status = unsafe {
@@ -146,45 +146,25 @@ impl Statement {
     }
 }
 
-/// `jit` off while it lives (restored when dropped, also when an error unwinds).
-struct NoJit(bool);
+/// A boolean setting of the session (`jit`, `enable_seqscan`) at `value` while it lives,
+/// restored when dropped (also when an error unwinds).
+struct SetFor(*mut bool, bool);
 
-impl NoJit {
-    fn new() -> NoJit {
-        // SAFETY: a plain read and write of the session's setting.
+impl SetFor {
+    fn new(setting: *mut bool, value: bool) -> SetFor {
+        // SAFETY: `setting` is one of PostgreSQL's boolean settings, this process's own.
         unsafe {
-            let was = pg_sys::jit_enabled;
-            pg_sys::jit_enabled = false;
-            NoJit(was)
+            let was = *setting;
+            *setting = value;
+            SetFor(setting, was)
         }
     }
 }
 
-impl Drop for NoJit {
+impl Drop for SetFor {
     fn drop(&mut self) {
         // SAFETY: restores the value read in new.
-        unsafe { pg_sys::jit_enabled = self.0 };
-    }
-}
-
-/// `enable_seqscan` off while it lives (restored when dropped, also when an error unwinds).
-struct NoSeqScan(bool);
-
-impl NoSeqScan {
-    fn new() -> NoSeqScan {
-        // SAFETY: a plain read and write of the session's setting.
-        unsafe {
-            let was = pg_sys::enable_seqscan;
-            pg_sys::enable_seqscan = false;
-            NoSeqScan(was)
-        }
-    }
-}
-
-impl Drop for NoSeqScan {
-    fn drop(&mut self) {
-        // SAFETY: restores the value read in new.
-        unsafe { pg_sys::enable_seqscan = self.0 };
+        unsafe { *self.0 = self.1 };
     }
 }
 
