@@ -183,7 +183,9 @@ $$;
 -- LIMIT is not pulled up into the join, so the ledger stays outside. The lookup itself must
 -- go by primary key: a plan made while the table was empty (a worker's kept plan) would scan
 -- it for each entry, so the functions the worker runs over this view plan with
--- enable_seqscan off, as the library's kept statements do (statement.rs).
+-- enable_seqscan off, as the library's kept statements do (statement.rs), and jit off: where
+-- no index serves a scan, the setting's cost penalty would otherwise buy a JIT compile
+-- (hundreds of ms a call on a server built with LLVM).
 CREATE VIEW pgqueue._ledger_held AS
 SELECT c.queue, e.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires_at) AS lease_expires_at, c.claim_id
   FROM pgqueue.claims c

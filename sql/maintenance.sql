@@ -17,7 +17,7 @@ END;
 -- A claim only the claim ledger holds (its row left 'ready': step 3b of the write path) has
 -- its session in its ledger row (claims_session_idx): its row gets the expired lease.
 CREATE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off SET enable_seqscan = off
 BEGIN ATOMIC
     WITH alive AS MATERIALIZED (
         SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
@@ -85,7 +85,7 @@ END;
 -- is no sign of a missed lowering.
 CREATE FUNCTION pgqueue._claimable(queue text, priorities smallint[])
 RETURNS TABLE (priority smallint, msg_id bigint, due timestamptz, busy boolean)
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off SET enable_seqscan = off AS $$
 #variable_conflict use_variable
 DECLARE
     p smallint;

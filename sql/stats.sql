@@ -96,7 +96,7 @@ SELECT s.name, s.queue, s.cron, s.time_zone, s.paused, s.missed, s.grace,
 -- A queue's exact depth by state (what the tick recounts the shared depths from). A 'ready'
 -- row that only the claim ledger holds counts as claimed.
 CREATE FUNCTION pgqueue._depth(queue text, OUT ready bigint, OUT delayed bigint, OUT claimed bigint)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off SET enable_seqscan = off
 BEGIN ATOMIC
     SELECT r.ready - h.held, r.delayed, r.claimed + h.held
       FROM (SELECT count(*) FILTER (WHERE m.state = 'ready') AS ready,

@@ -972,7 +972,7 @@ fn counts_recounted_while_sessions_commit_equal_the_tables() {
         // wrote first (pgrx's SPI would then take a new snapshot for every statement).
         let mut ticks = 0;
         let start = std::time::Instant::now();
-        while start.elapsed() < Duration::from_secs(4) {
+        while start.elapsed() < Duration::from_secs(4) || ticks < 6 {
             if ticks % 2 == 0 {
                 c.batch_execute("UPDATE pgqueue.worker_state SET last_prune_at = NULL").unwrap();
                 c.batch_execute("SELECT * FROM pgqueue.pgq_tick()").unwrap();
@@ -988,7 +988,7 @@ fn counts_recounted_while_sessions_commit_equal_the_tables() {
         let steps: u64 = sessions.into_iter().map(|s| s.join().unwrap()).sum();
         let (shown, exact) = overview_and_exact(&mut c);
         println!("round {round}: {steps} steps, {ticks} ticks; {exact:?}");
-        assert!(ticks > 5 && steps > 100, "the round did too little: {ticks} ticks, {steps} steps");
+        assert!(steps > 100, "the round did too little: {ticks} ticks, {steps} steps");
         assert_eq!(shown, exact, "round {round}, seed {seed}");
     }
 }

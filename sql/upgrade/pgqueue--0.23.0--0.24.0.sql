@@ -577,7 +577,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pgqueue._expire_orphaned_claims() RETURNS bigint
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp SET jit = off SET enable_seqscan = off
 BEGIN ATOMIC
     WITH alive AS MATERIALIZED (
         SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
@@ -611,7 +611,7 @@ BEGIN ATOMIC
 END;
 
 CREATE OR REPLACE FUNCTION pgqueue._depth(queue text, OUT ready bigint, OUT delayed bigint, OUT claimed bigint)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off SET enable_seqscan = off
 BEGIN ATOMIC
     SELECT r.ready - h.held, r.delayed, r.claimed + h.held
       FROM (SELECT count(*) FILTER (WHERE m.state = 'ready') AS ready,
@@ -642,7 +642,7 @@ END;
 
 CREATE OR REPLACE FUNCTION pgqueue._claimable(queue text, priorities smallint[])
 RETURNS TABLE (priority smallint, msg_id bigint, due timestamptz, busy boolean)
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off SET enable_seqscan = off AS $$
 #variable_conflict use_variable
 DECLARE
     p smallint;

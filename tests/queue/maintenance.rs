@@ -358,3 +358,29 @@ fn freeing_in_steps_touches_only_what_a_commit_deletes() {
         c.batch_execute(&format!("DROP TABLE free_steps_{t}")).unwrap();
     }
 }
+
+/// Functions planned with `enable_seqscan` off are planned with `jit` off too: where no index
+/// serves a scan, the setting's cost penalty crosses `jit_above_cost`, and a server built with
+/// LLVM compiled the worker's recount of three small queues for 0.6 s at every tick.
+#[test]
+fn functions_planned_without_seq_scans_are_planned_without_jit() {
+    let mut c = connect();
+    let names = |c: &mut crate::common::Client, with_jit_off: bool| -> Vec<String> {
+        c.query(
+            "SELECT proname::text FROM pg_proc
+              WHERE pronamespace = 'pgqueue'::regnamespace AND 'enable_seqscan=off' = ANY (proconfig)
+                AND ('jit=off' = ANY (proconfig)) = $1
+              ORDER BY 1",
+            &[&with_jit_off],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    assert_eq!(names(&mut c, false), Vec::<String>::new(), "planned without seq scans, with jit");
+    let planned = names(&mut c, true);
+    for f in ["_claimable", "_depth", "_expire_orphaned_claims", "_rearm_ledger_batch"] {
+        assert!(planned.contains(&f.to_string()), "{f} not planned without seq scans: {planned:?}");
+    }
+}
