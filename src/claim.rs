@@ -95,6 +95,48 @@ fn _take(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64) -> bool {
     true
 }
 
+/// `_take` for claims that write only the claim ledger, whose held rows stay 'ready' (`number`:
+/// the row's next claim number): a row the held set lists as held is not handed, so not locked
+/// (its holder's ack would wait for this claim to end), and the hint passes it as it passes a
+/// handed row (an end of that claim that leaves the row claimable lowers the hint again). A
+/// row the set has free, or cannot vouch for, is `_take`'s; once locked, `free_of_holds` asks
+/// again (a claim may have taken it between this call and the lock).
+#[pg_extern(volatile, parallel_unsafe, cost = 1000)]
+fn _take_free(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64, number: i32) -> bool {
+    if HANDED.get().is_some_and(|(_, p, id)| p == priority && id == msg_id) {
+        return _take(queue, priority, epoch, msg_id);
+    }
+    let holds = crate::held::holds(&[(msg_id, number)])[0];
+    if matches!(holds, Holds::No | Holds::Ask) {
+        return _take(queue, priority, epoch, msg_id);
+    }
+    if let Some(key) = Key::new(queue) {
+        let epoch = epoch.filter(|_| snapshot_per_statement()).map(|e| e as u64);
+        queue_state::with_lock(false, |table| {
+            table.entry(&key, false).map(|entry| entry.dispatch.take(priority, epoch, msg_id))
+        });
+        if holds == Holds::Settling {
+            // Perhaps a claim rolling back: looked at again after this claim commits.
+            skipped_note(key, priority, msg_id);
+        }
+    }
+    false
+}
+
+/// The held set's word on `msg_id` at claim `number`, for picks without hints (see
+/// `_take_free`): false where it lists the row as held; true where it has it free or cannot
+/// say (the ledger is asked once the row is locked).
+#[pg_extern(volatile, parallel_unsafe, cost = 1000)]
+fn _held_free(queue: &str, priority: i16, msg_id: i64, number: i32) -> bool {
+    let holds = crate::held::holds(&[(msg_id, number)])[0];
+    if holds == Holds::Settling
+        && let Some(key) = Key::new(queue)
+    {
+        skipped_note(key, priority, msg_id);
+    }
+    matches!(holds, Holds::No | Holds::Ask)
+}
+
 /// At rollback, lowers `priority`'s hint to `msg_id`, which this claim holds, and wakes a
 /// waiting claim for it.
 fn rollback_note(key: Key, priority: i16, msg_id: i64) {
@@ -233,7 +275,7 @@ macro_rules! pick_text {
         FOR UPDATE SKIP LOCKED\0"
         ))
     };
-    (from $rows:literal, $number:literal, $free:literal) => {
+    (from $rows:literal, $number:literal, $free:literal, $take:literal) => {
         crate::statement::text(concat!(
             "SELECT m.msg_id",
             $number,
@@ -243,7 +285,9 @@ macro_rules! pick_text {
       WHERE m.queue = $1 AND m.state = 'ready' AND m.priority >= $2 AND m.priority <= $2
         AND m.msg_id >= $3",
             $free,
-            " AND pgqueue._take($1, $2, $4, m.msg_id)
+            " AND pgqueue.",
+            $take,
+            "
       ORDER BY m.priority DESC, m.msg_id
       LIMIT $5
         FOR UPDATE SKIP LOCKED\0"
@@ -263,14 +307,21 @@ static PICK: OnRows = OnRows {
 /// not ready (delayed, claimed, other queues', dead versions), which the planner, seeing one
 /// queue of ready rows, may think cheaper. Bounded, only the ready index gives the order.
 static PICK_FROM: OnRows = OnRows {
-    rows: Statement { sql: pick_text!(from "pgqueue.message_rows", "", ""), args: PICK_FROM_ARGS },
-    table: Statement { sql: pick_text!(from "pgqueue.messages", "", ""), args: PICK_FROM_ARGS },
+    rows: Statement {
+        sql: pick_text!(from "pgqueue.message_rows", "", "", "_take($1, $2, $4, m.msg_id)"),
+        args: PICK_FROM_ARGS,
+    },
+    table: Statement {
+        sql: pick_text!(from "pgqueue.messages", "", "", "_take($1, $2, $4, m.msg_id)"),
+        args: PICK_FROM_ARGS,
+    },
 };
 const PICK_FROM_ARGS: &[pg_sys::Oid] = &[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID];
 /// The same for claims that write only the claim ledger (0.24.0's SQL on), whose rows stay
-/// 'ready': without hints, past the rows the ledger holds (its queue's list, read once) and
-/// `$3`, the rows this call passed over; from a hint (which a take raised past the rows claims
-/// hold), past `$6`. With each row's next claim number.
+/// 'ready', with each row's next claim number, past `$3` (without hints) or `$6` (from a
+/// hint), the rows this call passed over: from a hint, past the rows the held set lists
+/// (`_take_free`); without hints, past those too (`_held_free`) or, where this database has no
+/// held set, past the rows the ledger holds (the queue's list, read once).
 static PICK_FREE: Statement = Statement {
     sql: pick_text!(all "pgqueue.message_rows", ", m.claims_ended + 1",
         "
@@ -278,9 +329,17 @@ static PICK_FREE: Statement = Statement {
                              UNION ALL SELECT pg_catalog.unnest($3::bigint[]))"),
     args: &[TEXTOID, INT4OID, INT8ARRAYOID],
 };
+static PICK_FREE_BY_SET: Statement = Statement {
+    sql: pick_text!(all "pgqueue.message_rows", ", m.claims_ended + 1",
+        "
+        AND m.msg_id NOT IN (SELECT pg_catalog.unnest($3::bigint[]))
+        AND pgqueue._held_free($1, m.priority, m.msg_id, m.claims_ended + 1)"),
+    args: &[TEXTOID, INT4OID, INT8ARRAYOID],
+};
 static PICK_FROM_FREE: Statement = Statement {
     sql: pick_text!(from "pgqueue.message_rows", ", m.claims_ended + 1",
-        " AND m.msg_id NOT IN (SELECT pg_catalog.unnest($6::bigint[]))"),
+        " AND m.msg_id NOT IN (SELECT pg_catalog.unnest($6::bigint[]))",
+        "_take_free($1, $2, $4, m.msg_id, m.claims_ended + 1)"),
     args: &[TEXTOID, INT2OID, INT8OID, INT8OID, INT4OID, INT8ARRAYOID],
 };
 /// Which of the rows a claim locked (`$2`, at the claim numbers `$3` their rows are at) a
@@ -504,7 +563,10 @@ fn pick(queue: &str, s: &Start, qty: i32, passed: Option<&[i64]>) -> Vec<(i64, i
         |rows: &Rows, r: usize, col: i32| if passed.is_some() { rows.get::<i32>(r, col).unwrap_or(0) } else { 0 };
     let Some(hints) = &s.hints else {
         let rows = match passed {
-            Some(passed) => PICK_FREE.run(&[queue.into_datum(), qty.into_datum(), passed.to_vec().into_datum()]),
+            Some(passed) => {
+                let pick = if crate::held::in_use() { &PICK_FREE_BY_SET } else { &PICK_FREE };
+                pick.run(&[queue.into_datum(), qty.into_datum(), passed.to_vec().into_datum()])
+            }
             None => PICK.get().run(&[queue.into_datum(), qty.into_datum()]),
         };
         let picked: Vec<(i64, i16, i32)> = (0..rows.len())

@@ -210,9 +210,9 @@ thread_local! {
     static CLAIMING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether this database's SQL notes every end (0.23.0 on, which shows the set in
-/// `pgqueue.held_set`): before that, takes would stay.
-fn in_use() -> bool {
+/// Whether this database has a held set: preloaded, and its SQL notes every end (0.23.0 on,
+/// which shows the set in `pgqueue.held_set`; before that, takes would stay).
+pub fn in_use() -> bool {
     // SAFETY: a plain read of a pointer set at startup.
     !unsafe { HEADER.is_null() } && crate::statement::has_relation(c"held_set")
 }

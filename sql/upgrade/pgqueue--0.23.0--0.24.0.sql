@@ -98,6 +98,32 @@ SELECT h.msg_id, h.queue, h.outcome, h.priority, h.attempt, h.payload, h.headers
        NULL, NULL, h.finished_at, h.last_error, NULL, h.progress, h.result, h.after, NULL, NULL
   FROM pgqueue.history h;
 
+-- The claim's picks pass over rows the held set lists as held without locking them (the
+-- library's; a pick that locked them held up their holders' acks until it committed).
+CREATE FUNCTION pgqueue._take_free(
+	"queue" TEXT, /* & str */
+	"priority" smallint, /* i16 */
+	"epoch" bigint, /* Option < i64 > */
+	"msg_id" bigint, /* i64 */
+	"number" INT /* i32 */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE COST 1000
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_take_free_wrapper';
+
+CREATE FUNCTION pgqueue._held_free(
+	"queue" TEXT, /* & str */
+	"priority" smallint, /* i16 */
+	"msg_id" bigint, /* i64 */
+	"number" INT /* i32 */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE COST 1000
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_held_free_wrapper';
+
+REVOKE ALL ON FUNCTION pgqueue._take_free(text, smallint, bigint, bigint, integer),
+    pgqueue._held_free(text, smallint, bigint, integer) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgqueue.pgq_renew(msg_ids bigint[], claim_tokens uuid[], lease interval DEFAULT NULL,
                                   queue text DEFAULT NULL, progress jsonb[] DEFAULT NULL)
 RETURNS SETOF bigint
