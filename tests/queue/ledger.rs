@@ -10,7 +10,7 @@
 //! row, which fencing takes on the row's word (`random token` below).
 
 use crate::common::kit::{
-    Claimed, as_a_row_claim_leaves_it, as_the_ledger_leaves_it, claim, claim_one, drop_queue, held_disagreements,
+    Claimed, ack, as_a_row_claim_leaves_it, as_the_ledger_leaves_it, claim, claim_one, drop_queue, held_disagreements,
     ledger_disagreements, message, message_row, new_queue, send_many,
 };
 use crate::common::{Client, sqlstate};
@@ -626,5 +626,40 @@ fn a_cancel_that_waited_for_a_claim_through_the_ledger_finds_it_held() {
     assert_eq!(message(&mut c, id).map(|m| m.state), Some("claimed".into()));
     assert!(took(&mut c, "SELECT pgqueue.pgq_ack($1::bigint, $2::uuid)", m.id, m.token).unwrap(), "the holder ends it");
     assert_eq!(finished(&mut c, &q, id), Some(("cancelled".into(), 1)));
+    drop_queue(&mut c, &q);
+}
+
+/// A claim passes over the rows claims hold without locking them, so their holders' acks do
+/// not wait for it: here from a hint a rollback lowered below a held row (a pick once locked
+/// that row until it committed, and the ack waited), then without hints (a transaction that
+/// sent to the queue itself scans from the start).
+#[test]
+fn a_claim_passes_over_held_rows_without_locking_them() {
+    let mut c = connect();
+    let q = new_queue(&mut c, ", lease => '1 hour'");
+    let ids = send_many(&mut c, &q, 3, "0");
+    let mut rolled_back = connect();
+    let mut tx = rolled_back.transaction().unwrap();
+    assert_eq!(claim(&mut tx, &q, 1, None)[0].id, ids[0]);
+    let held = claim(&mut c, &q, 1, None).remove(0);
+    assert_eq!(held.id, ids[1]);
+    tx.rollback().unwrap();
+
+    let (mut walker, mut holder) = (connect(), connect());
+    holder.batch_execute("SET lock_timeout = '5s'").unwrap();
+    let mut walking = walker.transaction().unwrap();
+    let got = claim(&mut walking, &q, 3, None);
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), vec![ids[0], ids[2]], "past the held row");
+    assert!(ack(&mut holder, &held), "its holder acks it while the claim that passed it is open");
+    walking.commit().unwrap();
+
+    let mut walking = walker.transaction().unwrap();
+    let own: i64 = walking.query_one("SELECT pgqueue.pgq_send($1, '{}')", &[&q]).unwrap().get(0);
+    let mine = claim(&mut walking, &q, 5, None);
+    assert_eq!(mine.iter().map(|m| m.id).collect::<Vec<_>>(), vec![own], "past the held rows, without hints");
+    for m in &got {
+        assert!(ack(&mut holder, m), "message {} acked while the claim that passed it is open", m.id);
+    }
+    walking.commit().unwrap();
     drop_queue(&mut c, &q);
 }
