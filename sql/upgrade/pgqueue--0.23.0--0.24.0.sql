@@ -117,7 +117,7 @@ CREATE FUNCTION pgqueue._held_free(
 	"msg_id" bigint, /* i64 */
 	"number" INT /* i32 */
 ) RETURNS bool /* bool */
-VOLATILE PARALLEL UNSAFE COST 1000
+STRICT VOLATILE PARALLEL UNSAFE COST 1000
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', '_held_free_wrapper';
 
