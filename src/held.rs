@@ -162,6 +162,23 @@ fn with_set<R>(take: bool, f: impl FnOnce(&mut Shared) -> R) -> Option<R> {
     }
 }
 
+/// Reads this database's set, if it has one, under the shared lock: the claims' picks ask it
+/// about every row they meet, and one exclusive lock held them up behind each other.
+fn read_set<R>(f: impl FnOnce(&Shared) -> R) -> Option<R> {
+    // SAFETY: as in with_set; nothing is written under the shared lock.
+    unsafe {
+        if HEADER.is_null() {
+            return None;
+        }
+        let db = pg_sys::MyDatabaseId.to_u32();
+        pg_sys::LWLockAcquire((*HEADER).lock, pg_sys::LWLockMode::LW_SHARED);
+        let sets = &(*HEADER).sets;
+        let result = sets.iter().find(|s| s.db == db).map(f);
+        pg_sys::LWLockRelease((*HEADER).lock);
+        result
+    }
+}
+
 /// Frees the sets of databases that were dropped (run by the launcher).
 pub fn forget_databases(dropped: &[u32]) {
     // SAFETY: as in with_set.
@@ -249,8 +266,8 @@ pub fn took(claimed: &[(i64, i32, i64)]) {
     });
 }
 
-/// Whether claims hold these messages (msg_id, the next claim number by its row, which the
-/// asking claim holds locked), as far as this database's set can say: `Ask` for every one
+/// Whether claims hold these messages (msg_id, the next claim number by its row, as the
+/// asking claim read it before its lock or holds it locked), as far as this database's set can say: `Ask` for every one
 /// where it has none (not preloaded, more databases than sets, the SQL before 0.23.0).
 pub fn holds(claims: &[(i64, i32)]) -> Vec<Holds> {
     let ask = || vec![Holds::Ask; claims.len()];
@@ -258,7 +275,7 @@ pub fn holds(claims: &[(i64, i32)]) -> Vec<Holds> {
         return ask();
     }
     let owner = owner();
-    with_set(true, |shared| claims.iter().map(|&(msg_id, number)| shared.set.holds(owner, msg_id, number)).collect())
+    read_set(|shared| claims.iter().map(|&(msg_id, number)| shared.set.holds(owner, msg_id, number)).collect())
         .unwrap_or_else(ask)
 }
 
