@@ -351,7 +351,7 @@ BEGIN
              -- Each message looked up from its entry (as in _ledger_held), and locked there.
              CROSS JOIN LATERAL (SELECT r.msg_id, r.attempt, r.queue, r.cancel_requested_at IS NOT NULL AS cancel
                                    FROM pgqueue.message_rows r
-                                  WHERE r.msg_id = l.msg_id AND r.state = 'ready' AND r.claims_ended + 1 = l.number
+                                  WHERE r.msg_id = l.msg_id AND pg_catalog.texteq(r.state, 'ready') AND r.claims_ended + 1 = l.number
                                     AND coalesce(r.lease_expires_at, c.lease_expires_at) <= now()
                                   LIMIT 1
                                     FOR UPDATE SKIP LOCKED) m

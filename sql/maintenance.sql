@@ -33,7 +33,7 @@ BEGIN ATOMIC
         SELECT m.msg_id FROM pgqueue.claims c
          CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
          CROSS JOIN LATERAL (SELECT r.msg_id FROM pgqueue.message_rows r
-                              WHERE r.msg_id = e.msg_id AND r.state = 'ready' AND r.claims_ended + 1 = e.number
+                              WHERE r.msg_id = e.msg_id AND pg_catalog.texteq(r.state, 'ready') AND r.claims_ended + 1 = e.number
                                 AND coalesce(r.lease_expires_at, c.lease_expires_at) > now()
                               LIMIT 1
                                 FOR UPDATE SKIP LOCKED) m

@@ -35,7 +35,7 @@ SELECT c.queue, e.msg_id, e.number, coalesce(m.lease_expires_at, c.lease_expires
   FROM pgqueue.claims c
  CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
  CROSS JOIN LATERAL (SELECT r.lease_expires_at FROM pgqueue.message_rows r
-                      WHERE r.msg_id = e.msg_id AND r.state = 'ready' AND r.claims_ended + 1 = e.number
+                      WHERE r.msg_id = e.msg_id AND pg_catalog.texteq(r.state, 'ready') AND r.claims_ended + 1 = e.number
                       LIMIT 1) m;
 REVOKE ALL ON pgqueue._ledger_held FROM PUBLIC;
 COMMENT ON VIEW pgqueue._ledger_held IS
@@ -543,7 +543,7 @@ BEGIN
              -- Each message looked up from its entry (as in _ledger_held), and locked there.
              CROSS JOIN LATERAL (SELECT r.msg_id, r.attempt, r.queue, r.cancel_requested_at IS NOT NULL AS cancel
                                    FROM pgqueue.message_rows r
-                                  WHERE r.msg_id = l.msg_id AND r.state = 'ready' AND r.claims_ended + 1 = l.number
+                                  WHERE r.msg_id = l.msg_id AND pg_catalog.texteq(r.state, 'ready') AND r.claims_ended + 1 = l.number
                                     AND coalesce(r.lease_expires_at, c.lease_expires_at) <= now()
                                   LIMIT 1
                                     FOR UPDATE SKIP LOCKED) m
@@ -619,7 +619,7 @@ BEGIN ATOMIC
         SELECT m.msg_id FROM pgqueue.claims c
          CROSS JOIN LATERAL unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
          CROSS JOIN LATERAL (SELECT r.msg_id FROM pgqueue.message_rows r
-                              WHERE r.msg_id = e.msg_id AND r.state = 'ready' AND r.claims_ended + 1 = e.number
+                              WHERE r.msg_id = e.msg_id AND pg_catalog.texteq(r.state, 'ready') AND r.claims_ended + 1 = e.number
                                 AND coalesce(r.lease_expires_at, c.lease_expires_at) > now()
                               LIMIT 1
                                 FOR UPDATE SKIP LOCKED) m
