@@ -56,14 +56,18 @@ END;
 -- cursor: 0 starts from the first). An entry once ended stays so: claims_ended only grows,
 -- and a redrive starts it past the numbers the ledger lists. Messages are read by primary
 -- key only (a state predicate may make the planner read the in-flight index, whose dead
--- entries a pinned horizon keeps). Returns the rows looked at, those deleted, and the last id
--- looked at.
+-- entries a pinned horizon keeps). Returns the rows looked at, those deleted, and where the
+-- cursor goes: the last id looked at, or, when this was the last batch, just before the first
+-- row left that was claimed in the last 10 seconds, so that the next tick looks at it again.
+-- Most such rows are live only because they are new (their claims end within a tick); passed
+-- by the cursor, they would stay until the prune cadence looks at all rows, and every read of
+-- the ledger by queue (the tick's hint check) would read thousands of them.
 CREATE FUNCTION pgqueue._prune_claims(after_claim_id bigint, max_rows integer)
 RETURNS TABLE (looked bigint, pruned bigint, last_claim_id bigint)
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     WITH looked_at AS MATERIALIZED (
-        SELECT c.claim_id FROM pgqueue.claims c WHERE c.claim_id > after_claim_id
+        SELECT c.claim_id, c.claimed_at FROM pgqueue.claims c WHERE c.claim_id > after_claim_id
          ORDER BY c.claim_id LIMIT max_rows
     ), gone AS (
         DELETE FROM pgqueue.claims c USING looked_at l
@@ -73,7 +77,13 @@ BEGIN ATOMIC
                             WHERE m.claims_ended < e.number)
         RETURNING c.claim_id
     )
-    SELECT (SELECT count(*) FROM looked_at), (SELECT count(*) FROM gone), (SELECT max(l.claim_id) FROM looked_at l);
+    SELECT (SELECT count(*) FROM looked_at), (SELECT count(*) FROM gone),
+           CASE WHEN (SELECT count(*) FROM looked_at) < max_rows
+                THEN coalesce((SELECT min(l.claim_id) - 1 FROM looked_at l
+                                WHERE l.claimed_at > now() - interval '10 seconds'
+                                  AND NOT EXISTS (SELECT FROM gone g WHERE g.claim_id = l.claim_id)),
+                              (SELECT max(l.claim_id) FROM looked_at l))
+                ELSE (SELECT max(l.claim_id) FROM looked_at l) END;
 END;
 
 -- Step "reconcile" (src/reconcile.rs): for each priority the shared state lists, its lowest

@@ -636,6 +636,33 @@ BEGIN ATOMIC
       FROM expired e;
 END;
 
+-- The claims step's cursor stops before the rows claimed in the last 10 seconds that are still
+-- live (new, most end within a tick): passed, they stayed until the prune cadence, and every
+-- read of the ledger by queue (the tick's hint check) read them.
+CREATE OR REPLACE FUNCTION pgqueue._prune_claims(after_claim_id bigint, max_rows integer)
+RETURNS TABLE (looked bigint, pruned bigint, last_claim_id bigint)
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH looked_at AS MATERIALIZED (
+        SELECT c.claim_id, c.claimed_at FROM pgqueue.claims c WHERE c.claim_id > after_claim_id
+         ORDER BY c.claim_id LIMIT max_rows
+    ), gone AS (
+        DELETE FROM pgqueue.claims c USING looked_at l
+         WHERE c.claim_id = l.claim_id
+           AND NOT EXISTS (SELECT FROM unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
+                             JOIN pgqueue.message_rows m ON m.msg_id = e.msg_id
+                            WHERE m.claims_ended < e.number)
+        RETURNING c.claim_id
+    )
+    SELECT (SELECT count(*) FROM looked_at), (SELECT count(*) FROM gone),
+           CASE WHEN (SELECT count(*) FROM looked_at) < max_rows
+                THEN coalesce((SELECT min(l.claim_id) - 1 FROM looked_at l
+                                WHERE l.claimed_at > now() - interval '10 seconds'
+                                  AND NOT EXISTS (SELECT FROM gone g WHERE g.claim_id = l.claim_id)),
+                              (SELECT max(l.claim_id) FROM looked_at l))
+                ELSE (SELECT max(l.claim_id) FROM looked_at l) END;
+END;
+
 CREATE OR REPLACE FUNCTION pgqueue._depth(queue text, OUT ready bigint, OUT delayed bigint, OUT claimed bigint)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off SET enable_seqscan = off
 BEGIN ATOMIC

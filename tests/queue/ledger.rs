@@ -663,3 +663,36 @@ fn a_claim_passes_over_held_rows_without_locking_them() {
     walking.commit().unwrap();
     drop_queue(&mut c, &q);
 }
+
+/// The claims step's cursor stops before a row claimed in the last 10 seconds that is still
+/// live, so that the next tick looks at it again (its claim most likely ends by then; passed,
+/// it stayed until the prune cadence, and the tick's reads of the ledger by queue read it),
+/// except after a full batch (a step that looked at nothing new would never end). Other tests'
+/// ledger rows come and go meanwhile: the bounds allow for them.
+#[test]
+fn the_claims_steps_cursor_stops_before_a_new_row_still_live() {
+    let mut c = connect();
+    let q = new_queue(&mut c, ", lease => '1 hour'");
+    send_many(&mut c, &q, 2, "0");
+    let first = claim(&mut c, &q, 1, None).remove(0);
+    let second = claim(&mut c, &q, 1, None).remove(0);
+    let (a, b) = match ledger(&mut c, &q)[..] {
+        [(a, ..), (b, ..)] => (a, b),
+        ref rows => panic!("one ledger row a claim call: {rows:?}"),
+    };
+    let step = |c: &mut Client, after: i64, max: i32| -> (i64, i64) {
+        let r =
+            c.query_one("SELECT looked, last_claim_id FROM pgqueue._prune_claims($1, $2)", &[&after, &max]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert!(ack(&mut c, &first));
+    let (_, last) = step(&mut c, a - 1, 1000);
+    assert!(a <= last && last < b, "past the row that went ({a}), before the live one ({b}): {last}");
+    assert_eq!(ledger(&mut c, &q).iter().map(|r| r.0).collect::<Vec<_>>(), vec![b], "the row that went is deleted");
+    assert_eq!(step(&mut c, b - 1, 1), (1, b), "a full batch moves the cursor past a live row");
+    assert!(ack(&mut c, &second));
+    let (_, last) = step(&mut c, b - 1, 1000);
+    assert!(last >= b, "past the row once it went: {last}");
+    assert!(ledger(&mut c, &q).is_empty());
+    drop_queue(&mut c, &q);
+}
