@@ -57,8 +57,9 @@ END;
 -- and a redrive starts it past the numbers the ledger lists. Messages are read by primary
 -- key only (a state predicate may make the planner read the in-flight index, whose dead
 -- entries a pinned horizon keeps). Returns the rows looked at, those deleted, and where the
--- cursor goes: the last id looked at, or, when this was the last batch, just before the first
--- row left that was claimed in the last 10 seconds, so that the next tick looks at it again.
+-- cursor goes: just before the first row left that was claimed in the last 10 seconds, so
+-- that the next tick looks at it again (after a full batch only if that is past the cursor: a
+-- step that made no progress would never end), else the last id looked at.
 -- Most such rows are live only because they are new (their claims end within a tick); passed
 -- by the cursor, they would stay until the prune cadence looks at all rows, and every read of
 -- the ledger by queue (the tick's hint check) would read thousands of them.
@@ -78,12 +79,14 @@ BEGIN ATOMIC
         RETURNING c.claim_id
     )
     SELECT (SELECT count(*) FROM looked_at), (SELECT count(*) FROM gone),
-           CASE WHEN (SELECT count(*) FROM looked_at) < max_rows
-                THEN coalesce((SELECT min(l.claim_id) - 1 FROM looked_at l
-                                WHERE l.claimed_at > now() - interval '10 seconds'
-                                  AND NOT EXISTS (SELECT FROM gone g WHERE g.claim_id = l.claim_id)),
-                              (SELECT max(l.claim_id) FROM looked_at l))
-                ELSE (SELECT max(l.claim_id) FROM looked_at l) END;
+           (SELECT CASE WHEN s.live_from IS NULL THEN s.last
+                        WHEN s.looked < max_rows OR s.live_from - 1 > after_claim_id THEN s.live_from - 1
+                        ELSE s.last END
+              FROM (SELECT count(*) AS looked, max(l.claim_id) AS last,
+                           min(l.claim_id) FILTER (WHERE l.claimed_at > now() - interval '10 seconds'
+                                                     AND NOT EXISTS (SELECT FROM gone g WHERE g.claim_id = l.claim_id))
+                               AS live_from
+                      FROM looked_at l) s);
 END;
 
 -- Step "reconcile" (src/reconcile.rs): for each priority the shared state lists, its lowest

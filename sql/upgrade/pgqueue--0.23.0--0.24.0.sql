@@ -655,12 +655,14 @@ BEGIN ATOMIC
         RETURNING c.claim_id
     )
     SELECT (SELECT count(*) FROM looked_at), (SELECT count(*) FROM gone),
-           CASE WHEN (SELECT count(*) FROM looked_at) < max_rows
-                THEN coalesce((SELECT min(l.claim_id) - 1 FROM looked_at l
-                                WHERE l.claimed_at > now() - interval '10 seconds'
-                                  AND NOT EXISTS (SELECT FROM gone g WHERE g.claim_id = l.claim_id)),
-                              (SELECT max(l.claim_id) FROM looked_at l))
-                ELSE (SELECT max(l.claim_id) FROM looked_at l) END;
+           (SELECT CASE WHEN s.live_from IS NULL THEN s.last
+                        WHEN s.looked < max_rows OR s.live_from - 1 > after_claim_id THEN s.live_from - 1
+                        ELSE s.last END
+              FROM (SELECT count(*) AS looked, max(l.claim_id) AS last,
+                           min(l.claim_id) FILTER (WHERE l.claimed_at > now() - interval '10 seconds'
+                                                     AND NOT EXISTS (SELECT FROM gone g WHERE g.claim_id = l.claim_id))
+                               AS live_from
+                      FROM looked_at l) s);
 END;
 
 CREATE OR REPLACE FUNCTION pgqueue._depth(queue text, OUT ready bigint, OUT delayed bigint, OUT claimed bigint)

@@ -667,8 +667,8 @@ fn a_claim_passes_over_held_rows_without_locking_them() {
 /// The claims step's cursor stops before a row claimed in the last 10 seconds that is still
 /// live, so that the next tick looks at it again (its claim most likely ends by then; passed,
 /// it stayed until the prune cadence, and the tick's reads of the ledger by queue read it),
-/// except after a full batch (a step that looked at nothing new would never end). Other tests'
-/// ledger rows come and go meanwhile: the bounds allow for them.
+/// except after a full batch that begins with it (a step that made no progress would never
+/// end). Other tests' ledger rows come and go meanwhile: the bounds allow for them.
 #[test]
 fn the_claims_steps_cursor_stops_before_a_new_row_still_live() {
     let mut c = connect();
