@@ -320,8 +320,8 @@ const PICK_FROM_ARGS: &[pg_sys::Oid] = &[TEXTOID, INT2OID, INT8OID, INT8OID, INT
 /// The same for claims that write only the claim ledger (0.24.0's SQL on), whose rows stay
 /// 'ready', with each row's next claim number, past `$3` (without hints) or `$6` (from a
 /// hint), the rows this call passed over: from a hint, past the rows the held set lists
-/// (`_take_free`); without hints, past those too (`_held_free`) or, where this database has no
-/// held set, past the rows the ledger holds (the queue's list, read once).
+/// (`_take_free`); without hints, past those too (`_held_free`) where the set is exact, else
+/// past the rows the ledger holds (the queue's list, read once).
 static PICK_FREE: Statement = Statement {
     sql: pick_text!(all "pgqueue.message_rows", ", m.claims_ended + 1",
         "
@@ -564,7 +564,7 @@ fn pick(queue: &str, s: &Start, qty: i32, passed: Option<&[i64]>) -> Vec<(i64, i
     let Some(hints) = &s.hints else {
         let rows = match passed {
             Some(passed) => {
-                let pick = if crate::held::in_use() { &PICK_FREE_BY_SET } else { &PICK_FREE };
+                let pick = if crate::held::exact() { &PICK_FREE_BY_SET } else { &PICK_FREE };
                 pick.run(&[queue.into_datum(), qty.into_datum(), passed.to_vec().into_datum()])
             }
             None => PICK.get().run(&[queue.into_datum(), qty.into_datum()]),

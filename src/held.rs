@@ -227,9 +227,9 @@ thread_local! {
     static CLAIMING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether this database has a held set: preloaded, and its SQL notes every end (0.23.0 on,
-/// which shows the set in `pgqueue.held_set`; before that, takes would stay).
-pub fn in_use() -> bool {
+/// Whether this database's SQL notes every end (0.23.0 on, which shows the set in
+/// `pgqueue.held_set`): before that, takes would stay.
+fn in_use() -> bool {
     // SAFETY: a plain read of a pointer set at startup.
     !unsafe { HEADER.is_null() } && crate::statement::has_relation(c"held_set")
 }
@@ -266,9 +266,16 @@ pub fn took(claimed: &[(i64, i32, i64)]) {
     });
 }
 
+/// Whether this database's set vouches for every message: then a pick can pass over held rows
+/// by it alone (after a restart, until the tick's rebuild, it cannot).
+pub fn exact() -> bool {
+    in_use() && read_set(|shared| shared.set.is_exact()).unwrap_or(false)
+}
+
 /// Whether claims hold these messages (msg_id, the next claim number by its row, as the
-/// asking claim read it before its lock or holds it locked), as far as this database's set can say: `Ask` for every one
-/// where it has none (not preloaded, more databases than sets, the SQL before 0.23.0).
+/// asking claim read it before its lock or holds it locked), as far as this database's set
+/// can say: `Ask` for every one where it has none (not preloaded, more databases than sets,
+/// the SQL before 0.23.0).
 pub fn holds(claims: &[(i64, i32)]) -> Vec<Holds> {
     let ask = || vec![Holds::Ask; claims.len()];
     if claims.is_empty() || !in_use() {
