@@ -103,11 +103,11 @@ fn _take(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64) -> bool {
 /// again (a claim may have taken it between this call and the lock).
 #[pg_extern(volatile, parallel_unsafe, cost = 1000)]
 fn _take_free(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64, number: i32) -> bool {
-    if HANDED.get().is_some_and(|(_, p, id)| p == priority && id == msg_id) {
-        return _take(queue, priority, epoch, msg_id);
-    }
-    let holds = crate::held::holds(&[(msg_id, number)])[0];
-    if matches!(holds, Holds::No | Holds::Ask) {
+    // The row re-checked after its lock (it changed since the snapshot) is this claim's, as
+    // in `_take`: not asked about again.
+    if HANDED.get().is_some_and(|(_, p, id)| p == priority && id == msg_id)
+        || matches!(held_row(queue, priority, msg_id, number), Holds::No | Holds::Ask)
+    {
         return _take(queue, priority, epoch, msg_id);
     }
     if let Some(key) = Key::new(queue) {
@@ -115,10 +115,6 @@ fn _take_free(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64, numbe
         queue_state::with_lock(false, |table| {
             table.entry(&key, false).map(|entry| entry.dispatch.take(priority, epoch, msg_id))
         });
-        if holds == Holds::Settling {
-            // Perhaps a claim rolling back: looked at again after this claim commits.
-            skipped_note(key, priority, msg_id);
-        }
     }
     false
 }
@@ -128,13 +124,19 @@ fn _take_free(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64, numbe
 /// say (the ledger is asked once the row is locked).
 #[pg_extern(volatile, parallel_unsafe, cost = 1000)]
 fn _held_free(queue: &str, priority: i16, msg_id: i64, number: i32) -> bool {
+    matches!(held_row(queue, priority, msg_id, number), Holds::No | Holds::Ask)
+}
+
+/// The held set's word on one row a pick meets, before its lock. A row listed by a claim not
+/// yet settled is looked at again after this claim commits (that claim may roll back).
+fn held_row(queue: &str, priority: i16, msg_id: i64, number: i32) -> Holds {
     let holds = crate::held::holds(&[(msg_id, number)])[0];
     if holds == Holds::Settling
         && let Some(key) = Key::new(queue)
     {
         skipped_note(key, priority, msg_id);
     }
-    matches!(holds, Holds::No | Holds::Ask)
+    holds
 }
 
 /// At rollback, lowers `priority`'s hint to `msg_id`, which this claim holds, and wakes a
