@@ -105,38 +105,36 @@ fn _take(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64) -> bool {
 fn _take_free(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64, number: i32) -> bool {
     // The row re-checked after its lock (it changed since the snapshot) is this claim's, as
     // in `_take`: not asked about again.
-    if HANDED.get().is_some_and(|(_, p, id)| p == priority && id == msg_id)
-        || matches!(held_row(queue, priority, msg_id, number), Holds::No | Holds::Ask)
-    {
+    if HANDED.get().is_some_and(|(_, p, id)| p == priority && id == msg_id) {
         return _take(queue, priority, epoch, msg_id);
     }
-    if let Some(key) = Key::new(queue) {
-        let epoch = epoch.filter(|_| snapshot_per_statement()).map(|e| e as u64);
-        queue_state::with_lock(false, |table| {
-            table.entry(&key, false).map(|entry| entry.dispatch.take(priority, epoch, msg_id))
-        });
+    let holds = crate::held::holds(&[(msg_id, number)])[0];
+    if matches!(holds, Holds::No | Holds::Ask) {
+        return _take(queue, priority, epoch, msg_id);
+    }
+    let Some(key) = Key::new(queue) else { return false };
+    let epoch = epoch.filter(|_| snapshot_per_statement()).map(|e| e as u64);
+    let raised = queue_state::with_lock(false, |table| {
+        table.entry(&key, false).and_then(|entry| entry.dispatch.take(priority, epoch, msg_id))
+    });
+    // A claim not yet settled may roll back, and its rollback may have lowered the hint to
+    // the row just before this raised it again: then the row is looked at again once this
+    // claim commits. Where the hint had passed it already, whoever raised it answers for it.
+    if holds == Holds::Settling && raised.flatten() == Some(true) {
+        skipped_note(key, priority, msg_id);
     }
     false
 }
 
 /// The held set's word on `msg_id` at claim `number`, for picks without hints (see
 /// `_take_free`): false where it lists the row as held; true where it has it free or cannot
-/// say (the ledger is asked once the row is locked).
+/// say (the ledger is asked once the row is locked). Such picks raise no hint, so a row
+/// whose claim is settling needs no second look (its rollback lowers the hint itself).
+/// `priority` is unused since 0.24.1.
 #[pg_extern(volatile, parallel_unsafe, cost = 1000)]
 fn _held_free(queue: &str, priority: i16, msg_id: i64, number: i32) -> bool {
-    matches!(held_row(queue, priority, msg_id, number), Holds::No | Holds::Ask)
-}
-
-/// The held set's word on one row a pick meets, before its lock. A row listed by a claim not
-/// yet settled is looked at again after this claim commits (that claim may roll back).
-fn held_row(queue: &str, priority: i16, msg_id: i64, number: i32) -> Holds {
-    let holds = crate::held::holds(&[(msg_id, number)])[0];
-    if holds == Holds::Settling
-        && let Some(key) = Key::new(queue)
-    {
-        skipped_note(key, priority, msg_id);
-    }
-    holds
+    let _ = (queue, priority);
+    matches!(crate::held::holds(&[(msg_id, number)])[0], Holds::No | Holds::Ask)
 }
 
 /// At rollback, lowers `priority`'s hint to `msg_id`, which this claim holds, and wakes a
@@ -151,10 +149,10 @@ fn rollback_note(key: Key, priority: i16, msg_id: i64) {
 /// until it ends, refused), and nothing else would bring the hint back to it before the
 /// tick's check.
 fn skipped_note(key: Key, priority: i16, msg_id: i64) {
-    row_note(key, Kind::Readied, priority, msg_id);
+    row_note(key, Kind::Skipped, priority, msg_id);
 }
 
-/// A note of one row: `kind` says when it lowers the hint (Claimed: at rollback; Readied: at
+/// A note of one row: `kind` says when it lowers the hint (Claimed: at rollback; Skipped: at
 /// commit).
 fn row_note(key: Key, kind: Kind, priority: i16, msg_id: i64) {
     let mut note = Note::new(key, kind);

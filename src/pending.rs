@@ -28,6 +28,10 @@ pub enum Kind {
     Readied,
     /// Messages this transaction claimed: claimable again if it rolls back.
     Claimed,
+    /// Rows a claim of this transaction passed over that their holder may leave claimable: at
+    /// commit as `Readied`, but made claimable by someone else, so this transaction's claims
+    /// keep their hints (from the start of the queue they would meet every row in flight).
+    Skipped,
     /// Only depth, due times or wake-ups.
     Other,
 }
@@ -144,7 +148,7 @@ impl Note {
     }
 
     fn makes_ready(&self) -> bool {
-        matches!(self.kind, Kind::Sent | Kind::Readied) && self.count > 0
+        matches!(self.kind, Kind::Sent | Kind::Readied | Kind::Skipped) && self.count > 0
     }
 
     /// Whether all it does at commit is count: move depths, lower the in-flight floor.
@@ -165,7 +169,9 @@ impl Note {
 /// Whether this transaction made messages of `key` claimable and has not committed yet: the
 /// shared hints learn of them only at commit, but this transaction's own claims see them.
 pub fn makes_ready_uncommitted(key: &Key) -> bool {
-    NOTES.with_borrow(|notes| notes.iter().any(|n| n.key == *key && !n.undone && n.makes_ready()))
+    NOTES.with_borrow(|notes| {
+        notes.iter().any(|n| n.key == *key && !n.undone && n.kind != Kind::Skipped && n.makes_ready())
+    })
 }
 
 /// What this transaction's notes, not yet applied, move `key`'s `state` count by: a count made
