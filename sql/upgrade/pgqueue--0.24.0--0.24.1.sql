@@ -1,0 +1,6 @@
+-- pgqueue 0.24.0 -> 0.24.1.
+--
+-- No SQL changes: 0.24.1's fixes are in the library (claims through the claim ledger that
+-- passed over a row held by a claim not yet settled went on without claim hints for the rest
+-- of their transaction, and lowered the hint to that row at commit). They need the restart,
+-- not this script, which only moves the version.
