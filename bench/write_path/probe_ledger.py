@@ -1,7 +1,9 @@
 """The write-path probe's pgqueue cycle alone, with pgqueue.claim_ledger off and then on: row
 writes, WAL and dead rows a job for the build installed (probe.py explains the columns).
 
-    python bench/write_path/probe_ledger.py "host=127.0.0.1 port=54999 user=postgres" 25600 LABEL
+    python bench/write_path/probe_ledger.py "host=127.0.0.1 port=54999 user=postgres" 25600 LABEL [QTY]
+
+QTY: the messages a pgq_ack_claim call claims (default 64, as in probe.py).
 """
 
 import os
@@ -14,6 +16,8 @@ import psycopg  # noqa: E402
 
 def main():
     dsn, jobs, label = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if len(sys.argv) > 4:
+        probe.QTY = int(sys.argv[4])
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE EXTENSION IF NOT EXISTS pgqueue")
         c.execute(probe.SCHEMA)
