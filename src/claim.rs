@@ -130,7 +130,7 @@ fn _take_free(queue: &str, priority: i16, epoch: Option<i64>, msg_id: i64, numbe
 /// `_take_free`): false where it lists the row as held; true where it has it free or cannot
 /// say (the ledger is asked once the row is locked). Such picks raise no hint, so a row
 /// whose claim is settling needs no second look (its rollback lowers the hint itself).
-/// `priority` is unused since 0.24.1.
+/// `queue` and `priority` are unused since 0.24.1 (the SQL's calls name them).
 #[pg_extern(volatile, parallel_unsafe, cost = 1000)]
 fn _held_free(queue: &str, priority: i16, msg_id: i64, number: i32) -> bool {
     let _ = (queue, priority);
