@@ -165,11 +165,14 @@ mod tests {
                      FROM pgqueue.messages WHERE msg_id = $id";
         assert_eq!(read(row), Some("ready 0".into()));
 
-        // A claim through the ledger, bound to this session; then its row put back as it was.
+        // A claim through the ledger (of two messages: a claim of one writes its row), bound to
+        // this session; then its row put back as it was.
         Spi::run("SET LOCAL pgqueue.claim_ledger = on").unwrap();
-        let token = Spi::get_one::<pgrx::Uuid>(
-            "SELECT claim_token FROM pgqueue.pgq_claim('viewed', lease => '1 hour', consumer => 'w1', session_bound => true)",
-        )
+        Spi::run("SELECT pgqueue.pgq_send('viewed', '{\"n\": 2}')").unwrap();
+        let token = Spi::get_one::<pgrx::Uuid>(&format!(
+            "SELECT claim_token FROM pgqueue.pgq_claim('viewed', 2, lease => '1 hour', consumer => 'w1', session_bound => true)
+              WHERE msg_id = {id}"
+        ))
         .unwrap()
         .unwrap();
         let claimed = format!("claimed 1 {token} w1 t t");

@@ -5,7 +5,7 @@ mod common;
 
 use common::server::Server;
 use common::{
-    Client, as_the_ledger_leaves_it, claim_one, connect, held_disagreements, message, message_row, new_queue, send,
+    Client, as_the_ledger_leaves_it, claim, connect, held_disagreements, message, message_row, new_queue, send,
     send_many, state, unique_queue, wait_for,
 };
 use serde_json::json;
@@ -403,26 +403,33 @@ fn the_worker_rearms_claims_only_the_ledger_holds() {
     let mut c = connect();
     c.batch_execute("SET pgqueue.claim_ledger = on").unwrap();
     let q = new_queue(&mut c, ", lease => '1 hour'");
-    send_many(&mut c, &q, 2, "0");
-    // Its lease ends (the claim's, shortened by hand), and the worker is told so.
-    let m = claim_one(&mut c, &q, None);
+    send_many(&mut c, &q, 4, "0");
+    // Its lease ends (the claim's, shortened by hand), and the worker is told so. Claims of
+    // two: a claim of one message writes its row, not the ledger.
+    let two = claim(&mut c, &q, 2, None);
+    assert_eq!(two.len(), 2);
     let mut tx = c.transaction().unwrap();
-    as_the_ledger_leaves_it(&mut tx, m.id);
     tx.execute(
         "UPDATE pgqueue.claims SET lease_expires_at = now() - interval '1 s' WHERE $1 = ANY (msg_ids)",
-        &[&m.id],
+        &[&two[0].id],
     )
     .unwrap();
     tx.execute("SELECT pgqueue._renewed(now() - interval '1 s')", &[]).unwrap();
     tx.commit().unwrap();
-    wait_for("the worker to re-arm it", LIMIT, || (message_row(&mut c, m.id)?.2 == 1).then_some(()));
-    assert_eq!(message(&mut c, m.id).map(|m| (m.state, m.attempt)), Some(("ready".into(), 1)));
+    for m in &two {
+        wait_for("the worker to re-arm it", LIMIT, || (message_row(&mut c, m.id)?.2 == 1).then_some(()));
+        assert_eq!(message(&mut c, m.id).map(|m| (m.state, m.attempt)), Some(("ready".into(), 1)));
+    }
 
     // A session-bound claim whose backend exits.
     let mut holder = connect();
     holder.batch_execute("SET pgqueue.claim_ledger = on").unwrap();
-    let bound: Uuid =
-        holder.query_one("SELECT claim_token FROM pgqueue.pgq_claim($1, session_bound => true)", &[&q]).unwrap().get(0);
+    let bound: Uuid = holder
+        .query("SELECT claim_token FROM pgqueue.pgq_claim($1, 2, session_bound => true)", &[&q])
+        .unwrap()
+        .first()
+        .expect("claimed")
+        .get(0);
     let pid: i32 = holder.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
     let id: i64 = c.query_one("SELECT msg_id FROM pgqueue.messages WHERE claim_token = $1", &[&bound]).unwrap().get(0);
     as_the_ledger_leaves_it(&mut c, id);

@@ -9,7 +9,7 @@
 use crate::common;
 
 use common::server::Server;
-use common::{Client, ack, claim, claim_one, held_disagreements, held_numbers, held_set, send_many, wait_for};
+use common::{Client, ack, claim, held_disagreements, held_numbers, held_set, send_many, wait_for};
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -30,15 +30,16 @@ fn the_held_set_lists_the_claims_the_rows_hold_through_every_end() {
     let server = Server::with_pgqueue(CONF);
     let mut c = server.connect("postgres");
     c.batch_execute("SELECT pgqueue.pgq_create_queue('held', lease => '1 hour')").unwrap();
-    let ids = send_many(&mut c, "held", 8, "0");
+    let ids = send_many(&mut c, "held", 9, "0");
     // A database's first claim through the ledger gives it a set, knowing nothing until the
     // worker rebuilds it from the ledger.
     let claimed = claim(&mut c, "held", 6, None);
     exact(&mut c);
-    assert_eq!(held_numbers(&mut c, &ids), [1, 1, 1, 1, 1, 1, 0, 0], "each at claim number 1");
+    assert_eq!(held_numbers(&mut c, &ids), [1, 1, 1, 1, 1, 1, 0, 0, 0], "each at claim number 1");
     agrees(&mut c, "held");
     // Each way a claim ends: ack, fail, nack, park, re-arm (a lease that ended), and
-    // pgq_ack_claim, whose claim takes the next message in the same call.
+    // pgq_ack_claim, whose claim takes the next messages in the same call (two: a claim of
+    // one message writes its row, not the ledger).
     assert!(ack(&mut c, &claimed[0]));
     let ended = |c: &mut Client, sql: &str, m: &common::Claimed| -> bool {
         c.query_one(sql, &[&m.id, &m.token]).unwrap().get(0)
@@ -55,20 +56,20 @@ fn the_held_set_lists_the_claims_the_rows_hold_through_every_end() {
     assert_eq!(rearmed, 1);
     let next: Vec<(i64, i32)> = c
         .query(
-            "SELECT msg_id, attempt FROM pgqueue.pgq_ack_claim('held', ARRAY[$1::bigint], ARRAY[$2::uuid], qty => 1)",
+            "SELECT msg_id, attempt FROM pgqueue.pgq_ack_claim('held', ARRAY[$1::bigint], ARRAY[$2::uuid], qty => 2)",
             &[&claimed[5].id, &claimed[5].token],
         )
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(next, [(claimed[4].id, 2)], "the re-armed message, first in line");
-    // Held now: the re-armed message under its second claim; nothing else.
-    assert_eq!(held_numbers(&mut c, &ids), [0, 0, 0, 0, 2, 0, 0, 0]);
+    assert_eq!(next, [(claimed[4].id, 2), (ids[6], 1)], "the re-armed message, first in line");
+    // Held now: the re-armed message under its second claim, the next one under its first.
+    assert_eq!(held_numbers(&mut c, &ids), [0, 0, 0, 0, 2, 0, 1, 0, 0]);
     agrees(&mut c, "held");
     // A dropped queue ends its claims.
     claim(&mut c, "held", 2, None);
-    assert_eq!(held_set(&mut c).unwrap().1, 3);
+    assert_eq!(held_set(&mut c).unwrap().1, 4);
     c.batch_execute("SELECT pgqueue.pgq_drop_queue('held', force => true)").unwrap();
     let s = held_set(&mut c).unwrap();
     assert_eq!((s.0, s.1, s.4), (true, 0, 0), "exact and empty, no claim passed over");
@@ -80,36 +81,42 @@ fn rolled_back_claims_and_claims_ended_in_their_own_transaction_leave_nothing() 
     let server = Server::with_pgqueue(CONF);
     let mut c = server.connect("postgres");
     c.batch_execute("SELECT pgqueue.pgq_create_queue('held', lease => '1 hour')").unwrap();
-    let ids = send_many(&mut c, "held", 5, "0");
-    let first_claim = claim_one(&mut c, "held", None);
-    assert!(ack(&mut c, &first_claim));
+    let ids = send_many(&mut c, "held", 8, "0");
+    // Claims of two throughout: a claim of one message writes its row, not the ledger.
+    for m in claim(&mut c, "held", 2, None) {
+        assert!(ack(&mut c, &m));
+    }
     exact(&mut c);
-    let ids = &ids[1..];
+    let ids = &ids[2..];
+    let of = |claimed: &[common::Claimed]| claimed.iter().map(|m| m.id).collect::<Vec<_>>();
     // Rolled back, whole and to a savepoint.
     let mut tx = c.transaction().unwrap();
     claim(&mut tx, "held", 2, None);
     tx.rollback().unwrap();
     assert_eq!(held_set(&mut c).unwrap().1, 0);
     let mut tx = c.transaction().unwrap();
-    let first = claim_one(&mut tx, "held", None);
+    let first = claim(&mut tx, "held", 2, None);
     let mut sp = tx.savepoint("s").unwrap();
-    let undone = claim_one(&mut sp, "held", None);
+    let undone = claim(&mut sp, "held", 2, None);
     sp.rollback().unwrap();
     tx.commit().unwrap();
-    assert_eq!((first.id, undone.id), (ids[0], ids[1]));
-    assert_eq!(held_numbers(&mut c, ids), [1, 0, 0, 0], "only the claim that committed");
+    assert_eq!((of(&first), of(&undone)), (ids[..2].to_vec(), ids[2..4].to_vec()));
+    assert_eq!(held_numbers(&mut c, ids), [1, 1, 0, 0, 0, 0], "only the claim that committed");
     // Claimed and acked in one transaction; and an ack rolled back leaves its claim.
     let mut tx = c.transaction().unwrap();
-    let both = claim_one(&mut tx, "held", None);
-    assert!(ack(&mut tx, &both));
+    let both = claim(&mut tx, "held", 2, None);
+    assert_eq!(both.len(), 2);
+    for m in &both {
+        assert!(ack(&mut tx, m));
+    }
     tx.commit().unwrap();
     let mut tx = c.transaction().unwrap();
-    assert!(ack(&mut tx, &first));
+    assert!(ack(&mut tx, &first[0]));
     tx.rollback().unwrap();
-    assert_eq!(held_numbers(&mut c, ids), [1, 0, 0, 0]);
+    assert_eq!(held_numbers(&mut c, ids), [1, 1, 0, 0, 0, 0]);
     agrees(&mut c, "held");
     let s = held_set(&mut c).unwrap();
-    assert_eq!((s.0, s.1, s.4), (true, 1, 0));
+    assert_eq!((s.0, s.1, s.4), (true, 2, 0));
 }
 
 #[test]
@@ -228,7 +235,7 @@ fn renewals_and_a_sessions_exit_set_the_leases_the_set_lists() {
     let server = Server::with_pgqueue(CONF);
     let mut c = server.connect("postgres");
     c.batch_execute("SELECT pgqueue.pgq_create_queue('held', lease => '1 hour')").unwrap();
-    let ids = send_many(&mut c, "held", 3, "0");
+    let ids = send_many(&mut c, "held", 4, "0");
     let claimed: Vec<common::Claimed> = c
         .query("SELECT msg_id, claim_token, attempt, priority FROM pgqueue.pgq_claim('held', 2, consumer => 'w1')", &[])
         .unwrap()
@@ -282,13 +289,18 @@ fn renewals_and_a_sessions_exit_set_the_leases_the_set_lists() {
     assert_eq!(second.0, second.1);
     agrees(&mut c, "held");
 
-    // A session-bound claim whose session exits: its lease ends (the orphans step, run here by
-    // hand with the worker off, so that the re-arm does not follow at once).
+    // A session-bound claim (of two: through the ledger) whose session exits: its leases end
+    // (the orphans step, run here by hand with the worker off, so that the re-arm does not
+    // follow at once).
     common::turn_workers_off(&mut c);
     let mut s = server.connect("postgres");
-    let bound: i64 =
-        s.query_one("SELECT msg_id FROM pgqueue.pgq_claim('held', session_bound => true)", &[]).unwrap().get(0);
-    assert_eq!(bound, ids[2]);
+    let bound: Vec<i64> = s
+        .query("SELECT msg_id FROM pgqueue.pgq_claim('held', 2, session_bound => true)", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(bound, ids[2..]);
     let pid: i32 = s.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
     assert_eq!(granted(&mut c, ids[2]).2, Some(pid), "and the session it is bound to");
     drop(s);
@@ -298,8 +310,10 @@ fn renewals_and_a_sessions_exit_set_the_leases_the_set_lists() {
         gone.then_some(())
     });
     let expired: i64 = c.query_one("SELECT pgqueue._expire_orphaned_claims()", &[]).unwrap().get(0);
-    assert_eq!(expired, 1);
-    let ended = lease(&mut c, ids[2]);
-    assert_eq!(ended.0, ended.1, "the lease ended by the session's exit");
+    assert_eq!(expired, 2);
+    for &id in &ids[2..] {
+        let ended = lease(&mut c, id);
+        assert_eq!(ended.0, ended.1, "the lease ended by the session's exit");
+    }
     agrees(&mut c, "held");
 }
