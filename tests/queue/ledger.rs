@@ -25,7 +25,7 @@ fn connect() -> Client {
 }
 
 /// Two messages of `q` claimed in one call, which goes through the ledger: a claim that takes one
-/// message writes its row instead (0.25.0), as with the setting off.
+/// message writes its row instead (0.24.2), as with the setting off.
 fn claim_two(c: &mut impl GenericClient, q: &str) -> [Claimed; 2] {
     let got = claim(c, q, 2, None);
     <[Claimed; 2]>::try_from(got).unwrap_or_else(|got| panic!("two to claim in {q}, got {got:?}"))
@@ -722,7 +722,7 @@ fn the_claims_steps_cursor_stops_before_a_new_row_still_live() {
     drop_queue(&mut c, &q);
 }
 
-/// 0.25.0: a claim that ends up with one message writes the message's row, as with the setting
+/// 0.24.2: a claim that ends up with one message writes the message's row, as with the setting
 /// off (a random token, no ledger row, nothing for the held set): one ledger row would cost the
 /// same row write and add the ledger's work. Asked for one, or for more with one left; claims
 /// of two or more beside it go through the ledger, and each kind of token acks.

@@ -1,0 +1,5 @@
+-- pgqueue 0.24.1 -> 0.24.2.
+--
+-- No SQL changes: 0.24.2's change is in the library (with the claim ledger on, a claim that
+-- ends up with one message writes the message's row, as with the setting off, instead of a
+-- ledger row). It needs the restart, not this script, which only moves the version.
