@@ -417,9 +417,10 @@ static CLAIM_LEDGER_ONLY: Statement = Statement {
     args: &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID],
 };
 static CLAIM_0_22: Statement = claim_with_ledger!("", "");
-/// The same without the ledger (`pgqueue.claim_ledger` off, the default, or a database still
-/// running 0.21's SQL or earlier until ALTER EXTENSION UPDATE, whose fencing counts claims
-/// otherwise): random tokens ($7, the queue, unused).
+/// The same without the ledger (`pgqueue.claim_ledger` off, the default; a claim of one
+/// message with it on; or a database still running 0.21's SQL or earlier until ALTER
+/// EXTENSION UPDATE, whose fencing counts claims otherwise): random tokens ($7, the queue,
+/// unused).
 static CLAIM_WITHOUT_LEDGER: OnRows = on_rows!(
     &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID];
     "UPDATE ", ROWS, " m
@@ -533,8 +534,9 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
                 Writes::Ledger => pick_free(queue, &mut s, qty),
                 _ => pick(queue, &s, qty, None).into_iter().map(|(id, _, _)| id).collect(),
             };
-            // One message: its row written costs what a ledger row does, without the held
-            // set's work (and the claim of it is settled at once). Both kinds live side by side.
+            // One message: writing its row costs what a ledger row does, without the ledger's
+            // and the held set's work (0.24.2). The kinds live side by side (the setting is per
+            // session); the pick stays the ledger's, which passes over the rows it holds.
             if free.len() == 1 && matches!(writes, Writes::Ledger) {
                 writes = Writes::Row;
             }
@@ -642,7 +644,7 @@ fn pick_free(queue: &str, s: &mut Start, qty: i32) -> Vec<i64> {
 
 /// How this database's claims write a claim: a random token on the row (`pgqueue.claim_ledger`
 /// off, or the SQL before 0.22.0), the row and the ledger (0.22.0 and 0.23.0), or the ledger
-/// alone (0.24.0 on, whose SQL reads such claims).
+/// alone (0.24.0 on, whose SQL reads such claims; a claim of one message writes the row).
 #[derive(Clone, Copy)]
 enum Writes {
     Row,
