@@ -5,7 +5,7 @@ mod common;
 
 use common::server::Server;
 use common::{
-    Client, as_the_ledger_leaves_it, claim, connect, held_disagreements, message, message_row, new_queue, send,
+    Client, as_the_ledger_leaves_it, claim_two, connect, held_disagreements, message, message_row, new_queue, send,
     send_many, state, unique_queue, wait_for,
 };
 use serde_json::json;
@@ -406,8 +406,7 @@ fn the_worker_rearms_claims_only_the_ledger_holds() {
     send_many(&mut c, &q, 4, "0");
     // Its lease ends (the claim's, shortened by hand), and the worker is told so. Claims of
     // two: a claim of one message writes its row, not the ledger.
-    let two = claim(&mut c, &q, 2, None);
-    assert_eq!(two.len(), 2);
+    let two = claim_two(&mut c, &q);
     let mut tx = c.transaction().unwrap();
     tx.execute(
         "UPDATE pgqueue.claims SET lease_expires_at = now() - interval '1 s' WHERE $1 = ANY (msg_ids)",

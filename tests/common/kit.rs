@@ -88,6 +88,14 @@ pub fn claim_one(c: &mut impl GenericClient, q: &str, lease: Option<&str>) -> Cl
     claim(c, q, 1, lease).pop().unwrap_or_else(|| panic!("nothing to claim in {q}"))
 }
 
+/// Two messages of `q` claimed in one call, which goes through the claim ledger where the
+/// session has it on (a claim that takes one message writes its row: 0.24.2); fails the test
+/// if it does not get two.
+pub fn claim_two(c: &mut impl GenericClient, q: &str) -> [Claimed; 2] {
+    let got = claim(c, q, 2, None);
+    <[Claimed; 2]>::try_from(got).unwrap_or_else(|got| panic!("two to claim in {q}, got {got:?}"))
+}
+
 /// Claims (1,000 at a time) until `q` hands out nothing more; everything claimed.
 pub fn claim_all(c: &mut impl GenericClient, q: &str, lease: Option<&str>) -> Vec<Claimed> {
     let mut all = vec![];

@@ -10,8 +10,8 @@
 //! row, which fencing takes on the row's word (`random token` below).
 
 use crate::common::kit::{
-    Claimed, ack, as_a_row_claim_leaves_it, as_the_ledger_leaves_it, claim, claim_one, drop_queue, held_disagreements,
-    ledger_disagreements, message, message_row, new_queue, send_many,
+    Claimed, ack, as_a_row_claim_leaves_it, as_the_ledger_leaves_it, claim, claim_one, claim_two, drop_queue,
+    held_disagreements, ledger_disagreements, message, message_row, new_queue, send_many,
 };
 use crate::common::{Client, sqlstate};
 use postgres::GenericClient;
@@ -22,13 +22,6 @@ fn connect() -> Client {
     let mut c = crate::connect();
     c.batch_execute("SET pgqueue.claim_ledger = on").unwrap();
     c
-}
-
-/// Two messages of `q` claimed in one call, which goes through the ledger: a claim that takes one
-/// message writes its row instead (0.24.2), as with the setting off.
-fn claim_two(c: &mut impl GenericClient, q: &str) -> [Claimed; 2] {
-    let got = claim(c, q, 2, None);
-    <[Claimed; 2]>::try_from(got).unwrap_or_else(|got| panic!("two to claim in {q}, got {got:?}"))
 }
 
 /// The ledger rows of queue `q`: (claim_id, msg_ids, claim_numbers).

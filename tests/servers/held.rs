@@ -104,9 +104,7 @@ fn rolled_back_claims_and_claims_ended_in_their_own_transaction_leave_nothing() 
     assert_eq!(held_numbers(&mut c, ids), [1, 1, 0, 0, 0, 0], "only the claim that committed");
     // Claimed and acked in one transaction; and an ack rolled back leaves its claim.
     let mut tx = c.transaction().unwrap();
-    let both = claim(&mut tx, "held", 2, None);
-    assert_eq!(both.len(), 2);
-    for m in &both {
+    for m in &common::claim_two(&mut tx, "held") {
         assert!(ack(&mut tx, m));
     }
     tx.commit().unwrap();
