@@ -10,7 +10,7 @@
 //! row, which fencing takes on the row's word (`random token` below).
 
 use crate::common::kit::{
-    Claimed, ack, as_a_row_claim_leaves_it, as_the_ledger_leaves_it, claim, claim_one, claim_two, drop_queue,
+    ack, as_a_row_claim_leaves_it, as_the_ledger_leaves_it, claim, claim_one, claim_two, drop_queue,
     held_disagreements, ledger_disagreements, message, message_row, new_queue, send_many,
 };
 use crate::common::{Client, sqlstate};
