@@ -63,6 +63,9 @@ END;
 -- Most such rows are live only because they are new (their claims end within a tick); passed
 -- by the cursor, they would stay until the prune cadence looks at all rows, and every read of
 -- the ledger by queue (the tick's hint check) would read thousands of them.
+-- The rows it deletes are locked first without waiting (0.25.0): a pgq_drop_queue deletes its
+-- queue's rows in an order of its own, and a step waiting for it while it waits for the step
+-- was a deadlock. A row skipped so is looked at again at the prune cadence, if still there.
 CREATE FUNCTION pgqueue._prune_claims(after_claim_id bigint, max_rows integer)
 RETURNS TABLE (looked bigint, pruned bigint, last_claim_id bigint)
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
@@ -70,12 +73,14 @@ BEGIN ATOMIC
     WITH looked_at AS MATERIALIZED (
         SELECT c.claim_id, c.claimed_at FROM pgqueue.claims c WHERE c.claim_id > after_claim_id
          ORDER BY c.claim_id LIMIT max_rows
-    ), gone AS (
-        DELETE FROM pgqueue.claims c USING looked_at l
-         WHERE c.claim_id = l.claim_id
-           AND NOT EXISTS (SELECT FROM unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
+    ), ended AS (
+        SELECT c.claim_id FROM pgqueue.claims c JOIN looked_at l ON c.claim_id = l.claim_id
+         WHERE NOT EXISTS (SELECT FROM unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number)
                              JOIN pgqueue.message_rows m ON m.msg_id = e.msg_id
                             WHERE m.claims_ended < e.number)
+           FOR UPDATE OF c SKIP LOCKED
+    ), gone AS (
+        DELETE FROM pgqueue.claims c USING ended e WHERE c.claim_id = e.claim_id
         RETURNING c.claim_id
     )
     SELECT (SELECT count(*) FROM looked_at), (SELECT count(*) FROM gone),

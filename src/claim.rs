@@ -344,7 +344,7 @@ static PICK_FROM_FREE: Statement = Statement {
 };
 /// Which of the rows a claim locked (`$2`, at the claim numbers `$3` their rows are at) a
 /// live ledger entry holds, where the held set cannot say: in a snapshot taken after the row
-/// locks, so a claim that committed meanwhile is seen. It reads the queue's ledger rows (about
+/// locks (`run_latest`, also in REPEATABLE READ), so a claim that committed meanwhile is seen. It reads the queue's ledger rows (about
 /// one a claim call in flight), not their messages' rows: the numbers are the rows' already.
 static LEDGER_HOLDS: Statement = Statement {
     sql: c"SELECT e.msg_id
@@ -352,6 +352,11 @@ static LEDGER_HOLDS: Statement = Statement {
                   unnest($2::bigint[], $3::integer[]) AS a(msg_id, number)
             WHERE c.queue = $1 AND e.msg_id = a.msg_id AND e.number = a.number",
     args: &[TEXTOID, INT8ARRAYOID, INT4ARRAYOID],
+};
+/// The next claim number of each of the rows `$1` (which the claim holds locked).
+static NEXT_NUMBERS: Statement = Statement {
+    sql: c"SELECT m.msg_id, m.claims_ended + 1 FROM pgqueue.message_rows m WHERE m.msg_id = ANY ($1)",
+    args: &[INT8ARRAYOID],
 };
 /// Claims the picked rows and writes the call's claim ledger row (`pgqueue.claims`): the rows'
 /// claim numbers (`claims_ended` + 1), read from the rows this claim holds locked, and their
@@ -532,6 +537,9 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
             let mut writes = writes();
             let free = match writes {
                 Writes::Ledger => pick_free(queue, &mut s, qty),
+                Writes::Row if crate::statement::has_relation(c"_ledger_held") => {
+                    pick_beside_ledger(queue, &mut s, qty)
+                }
                 _ => pick(queue, &s, qty, None).into_iter().map(|(id, _, _)| id).collect(),
             };
             // One message: writing its row costs what a ledger row does, without the ledger's
@@ -642,6 +650,31 @@ fn pick_free(queue: &str, s: &mut Start, qty: i32) -> Vec<i64> {
     }
 }
 
+/// The pick of a claim that writes rows, where claims through the ledger (0.24.0's SQL on)
+/// may hold rows they leave 'ready': sessions with `pgqueue.claim_ledger` on, or claims made
+/// before it was turned off. Where the held set says no message is held (`quiet`), the plain
+/// pick; if a claim through the ledger took messages before this one locked its rows, the
+/// rows it holds are passed over (the claim returns fewer). Otherwise the ledger's pick.
+fn pick_beside_ledger(queue: &str, s: &mut Start, qty: i32) -> Vec<i64> {
+    if !crate::held::quiet() {
+        return pick_free(queue, s, qty);
+    }
+    let picked = pick(queue, s, qty, None);
+    let ids: Vec<i64> = picked.iter().map(|&(id, _, _)| id).collect();
+    // Asked again now that the rows are locked: a claim through the ledger that held one of
+    // them committed before this claim locked it, and listed it before that.
+    if ids.is_empty() || crate::held::quiet() {
+        return ids;
+    }
+    let rows = NEXT_NUMBERS.run(&[ids.into_datum()]);
+    let numbers: Vec<(i64, i32)> = (0..rows.len()).filter_map(|r| Some((rows.get(r, 1)?, rows.get(r, 2)?))).collect();
+    let picked = picked
+        .into_iter()
+        .filter_map(|(id, priority, _)| numbers.iter().find(|n| n.0 == id).map(|&(_, number)| (id, priority, number)))
+        .collect();
+    free_of_holds(queue, picked, &mut vec![])
+}
+
 /// How this database's claims write a claim: a random token on the row (`pgqueue.claim_ledger`
 /// off, or the SQL before 0.22.0), the row and the ledger (0.22.0 and 0.23.0), or the ledger
 /// alone (0.24.0 on, whose SQL reads such claims; a claim of one message writes the row).
@@ -664,26 +697,17 @@ fn writes() -> Writes {
     }
 }
 
-/// Of the rows a claim that writes only the ledger picked, those no claim holds, by the held
-/// set, else by the ledger; the others go to `passed`. In a transaction that keeps one
-/// snapshot, a claim that committed after it would be missed by the ledger's answer: where
-/// the set cannot say, such a claim raises 40001, as a claim that meets a row changed since
-/// its snapshot does.
+/// Of the rows a claim picked and holds locked (with their next claim numbers), those no claim
+/// through the ledger holds, by the held set, else by the ledger (read in a snapshot taken
+/// now: in REPEATABLE READ too, a claim that committed after the transaction's snapshot is
+/// seen); the others go to `passed`.
 fn free_of_holds(queue: &str, picked: Vec<(i64, i16, i32)>, passed: &mut Vec<i64>) -> Vec<i64> {
     let holds = crate::held::holds(&picked.iter().map(|&(id, _, number)| (id, number)).collect::<Vec<_>>());
     let (ask, numbers): (Vec<i64>, Vec<i32>) =
         picked.iter().zip(&holds).filter(|(_, h)| **h == Holds::Ask).map(|(p, _)| (p.0, p.2)).unzip();
     let mut held_by_ledger = vec![];
     if !ask.is_empty() {
-        if !snapshot_per_statement() {
-            ereport!(
-                PgLogLevel::ERROR,
-                PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-                "pgqueue: could not serialize access: the claim cannot tell whether a claim that committed after this transaction's snapshot holds a message",
-                "Claim in a READ COMMITTED transaction, or retry the transaction."
-            );
-        }
-        let rows = LEDGER_HOLDS.run(&[queue.into_datum(), ask.into_datum(), numbers.into_datum()]);
+        let rows = LEDGER_HOLDS.run_latest(&[queue.into_datum(), ask.into_datum(), numbers.into_datum()]);
         held_by_ledger = (0..rows.len()).filter_map(|r| rows.get::<i64>(r, 1)).collect();
     }
     let mut free = vec![];

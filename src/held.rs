@@ -132,9 +132,9 @@ pub unsafe fn request() {
     unsafe { pg_sys::RequestNamedLWLockTranche(c"pgqueue held".as_ptr(), 1) };
 }
 
-/// Runs `f` on this database's set under the lock; None without one. A claim (`take`) takes
-/// a free set for a database that has none (it starts knowing nothing): a database that never
-/// claims through the ledger uses none. `f` must not raise an error.
+/// Runs `f` on this database's set under the lock; None without one. A claim through the
+/// ledger and the tick's rebuild (`take`) take a free set for a database that has none (it
+/// starts knowing nothing). `f` must not raise an error.
 fn with_set<R>(take: bool, f: impl FnOnce(&mut Shared) -> R) -> Option<R> {
     // SAFETY: HEADER is set once at startup; the lock is released on every path below, and
     // nothing between raises an error.
@@ -270,6 +270,15 @@ pub fn took(claimed: &[(i64, i32, i64)]) {
 /// by it alone (after a restart, until the tick's rebuild, it cannot).
 pub fn exact() -> bool {
     in_use() && read_set(|shared| shared.set.is_exact()).unwrap_or(false)
+}
+
+/// Whether no claim through the ledger holds a message of this database: its set vouches for
+/// every message and lists none, under way or committed. A claim that writes rows and holds
+/// its rows locked may take them then without asking: a claim through the ledger lists its
+/// messages before it commits (`took`), and cannot end them while their rows are locked.
+/// False without a set (not preloaded, every set taken, before the tick's first rebuild).
+pub fn quiet() -> bool {
+    in_use() && read_set(|shared| shared.set.is_exact() && shared.set.is_empty()).unwrap_or(false)
 }
 
 /// Whether claims hold these messages (msg_id, the next claim number by its row, as the
@@ -409,7 +418,10 @@ pub fn rebuild(prune_now: bool) -> bool {
     if !in_use() {
         return false;
     }
-    let begun = with_set(false, |shared| if shared.too_many && !prune_now { None } else { shared.set.begin_rebuild() });
+    // The tick takes a set for its database, if one is free, whether or not its sessions
+    // claim through the ledger: where the set is exact and lists nothing, claims that write
+    // rows take them without asking the ledger (`quiet`).
+    let begun = with_set(true, |shared| if shared.too_many && !prune_now { None } else { shared.set.begin_rebuild() });
     let Some(Some(epoch)) = begun else { return false };
     // Read after begin_rebuild, each in a snapshot of its own (Statement::run takes a new
     // one): a claim that commits later took its messages here first; one prepared later

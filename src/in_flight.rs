@@ -152,6 +152,11 @@ impl<S: std::ops::DerefMut<Target = [Slot]>> InFlight<S> {
         self.len
     }
 
+    /// No entry, and no claim under way holding messages without one.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0 && self.unrecorded == 0
+    }
+
     /// The msg_ids (inclusive) the set does not vouch for; None when it is exact.
     pub fn unknown(&self) -> Option<(i64, i64)> {
         self.unknown

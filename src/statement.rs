@@ -118,6 +118,17 @@ impl Statement {
     /// Runs the statement with `args` (None: NULL), inside an SPI connection, with a new
     /// snapshot (as any statement of a volatile function).
     pub fn run(&self, args: &[Option<pg_sys::Datum>]) -> Rows {
+        self.run_in(args, false)
+    }
+
+    /// As `run`, reading (a SELECT) in a snapshot taken now whatever the isolation level: what
+    /// committed after the transaction's snapshot is seen, as a foreign key check sees it.
+    /// For a claim asking who holds the rows it has locked: whoever did committed before.
+    pub fn run_latest(&self, args: &[Option<pg_sys::Datum>]) -> Rows {
+        self.run_in(args, true)
+    }
+
+    fn run_in(&self, args: &[Option<pg_sys::Datum>], latest: bool) -> Rows {
         debug_assert_eq!(args.len(), self.args.len());
         let plan = self.plan();
         let mut values: Vec<pg_sys::Datum> = args.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0))).collect();
@@ -136,7 +147,12 @@ impl Statement {
         // statement that returns no rows leaves SPI_tuptable as it was.)
         let status = unsafe {
             pg_sys::SPI_tuptable = std::ptr::null_mut();
-            pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0)
+            if latest {
+                let (now, none) = (pg_sys::GetLatestSnapshot(), std::ptr::null_mut());
+                pg_sys::SPI_execute_snapshot(plan, values.as_mut_ptr(), nulls.as_ptr(), now, none, true, false, 0)
+            } else {
+                pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0)
+            }
         };
         if status < 0 {
             error!("pgqueue: a statement failed: SPI error {status}");

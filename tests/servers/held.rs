@@ -315,3 +315,114 @@ fn renewals_and_a_sessions_exit_set_the_leases_the_set_lists() {
     }
     agrees(&mut c, "held");
 }
+
+/// 0.25.0: the tick's "claims" step does not wait for ledger rows another transaction holds
+/// locked. A pgq_drop_queue deleting them (in an order of its own) waited for the step while
+/// the step waited for it: a deadlock (40P01, seen when a bench dropped its queues). The step
+/// passes them over; the drop deletes them. The worker ticks once here (then once an hour),
+/// before the rows exist, so that they are left for this test's step.
+#[test]
+fn the_claims_step_passes_over_ledger_rows_a_drop_holds() {
+    let _turn = common::file_turn(file!());
+    let server = Server::with_pgqueue(&["pgqueue.tick_interval = '1h'", "pgqueue.claim_ledger = on"]);
+    let mut c = server.connect("postgres");
+    wait_for("the worker's first tick", LIMIT, || {
+        c.query_opt("SELECT FROM pgqueue.worker_state WHERE ticks > 0", &[]).unwrap().map(|_| ())
+    });
+    for q in ["a", "b"] {
+        c.batch_execute(&format!("SELECT pgqueue.pgq_create_queue('{q}', lease => '1 hour')")).unwrap();
+        send_many(&mut c, q, 4, "0");
+        let claimed = [claim(&mut c, q, 2, None), claim(&mut c, q, 2, None)].concat();
+        assert!(claimed.iter().all(|m| ack(&mut c, m)));
+    }
+    let ledger_rows = |c: &mut Client| -> Vec<String> {
+        c.query("SELECT queue FROM pgqueue.claims ORDER BY claim_id", &[]).unwrap().iter().map(|r| r.get(0)).collect()
+    };
+    assert_eq!(ledger_rows(&mut c), ["a", "a", "b", "b"], "four ended claims left for the step");
+    let mut dropping = server.connect("postgres");
+    dropping.batch_execute("BEGIN; SELECT pgqueue.pgq_drop_queue('a')").unwrap();
+    c.batch_execute("SET lock_timeout = '2s'").unwrap();
+    let r = c.query_one("SELECT looked, pruned FROM pgqueue._prune_claims(0, 1000)", &[]).unwrap();
+    assert_eq!(
+        (r.get::<_, i64>(0), r.get::<_, i64>(1)),
+        (4, 2),
+        "b's two deleted; a's, which the drop holds, passed over"
+    );
+    dropping.batch_execute("COMMIT").unwrap();
+    assert!(ledger_rows(&mut c).is_empty(), "the drop deleted a's");
+}
+
+/// 0.25.0: sessions with `pgqueue.claim_ledger` on and off side by side, at random, with a
+/// restart in the middle: no message is claimed while another claim holds it (a session that
+/// writes rows took what claims through the ledger held, before), every one is acked once,
+/// and the ledger, the rows and the set agree. Right after the restart the set knows nothing
+/// (the sessions that write rows ask the ledger, REPEATABLE READ included) until the worker
+/// rebuilds it.
+#[test]
+fn sessions_with_the_setting_on_and_off_claim_each_message_once() {
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+    let _turn = common::file_turn(file!());
+    let server = Server::with_pgqueue(CONF);
+    let seed = common::rng::seed_from("PGQUEUE_MIXED_SEED", "sessions_with_the_setting_on_and_off");
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('mixed', lease => '1 hour')").unwrap();
+    let held = send_many(&mut c, "mixed", 4, "0");
+    assert_eq!(claim(&mut c, "mixed", 2, None).iter().map(|m| m.id).collect::<Vec<_>>(), held[..2]);
+    server.restart();
+    let mut c = server.connect("postgres");
+    let mut off = server.connect("postgres");
+    off.batch_execute("SET pgqueue.claim_ledger = off; BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
+    let got = claim(&mut off, "mixed", 10, None);
+    off.batch_execute("COMMIT").unwrap();
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), held[2..], "the two the ledger holds passed over");
+    assert!(got.iter().all(|m| ack(&mut c, m)));
+    exact(&mut c);
+
+    let total = 1200;
+    let ids: Vec<i64> = (0..6).flat_map(|_| send_many(&mut c, "mixed", total / 6, "0")).collect();
+    let in_flight: Arc<Mutex<HashSet<i64>>> = Arc::default();
+    let acked: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let workers: Vec<_> = (0..8u64)
+        .map(|w| {
+            let (in_flight, acked, dsn) = (in_flight.clone(), acked.clone(), server.dsn("postgres"));
+            std::thread::spawn(move || {
+                let mut rng = common::Rng::new(seed, w);
+                let mut c = postgres::Client::connect(&dsn, postgres::NoTls).unwrap();
+                let ledger = if w % 2 == 0 { "on" } else { "off" };
+                c.batch_execute(&format!("SET pgqueue.claim_ledger = {ledger}")).unwrap();
+                let mut empty = 0;
+                while empty < 20 {
+                    let rr = rng.chance(20);
+                    if rr {
+                        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
+                    }
+                    let got = claim(&mut c, "mixed", rng.range(1, 4) as i32, None);
+                    if rr {
+                        c.batch_execute("COMMIT").unwrap();
+                    }
+                    empty = if got.is_empty() { empty + 1 } else { 0 };
+                    for m in &got {
+                        assert!(in_flight.lock().unwrap().insert(m.id), "message {} claimed twice at once", m.id);
+                    }
+                    if got.is_empty() {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    for m in &got {
+                        assert!(in_flight.lock().unwrap().remove(&m.id));
+                        assert!(ack(&mut c, m), "message {} acked under its claim", m.id);
+                        acked.lock().unwrap().push(m.id);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let mut acked = acked.lock().unwrap().clone();
+    acked.sort_unstable();
+    assert_eq!(acked, ids, "every message acked once (the two held before the restart stay held)");
+    agrees(&mut c, "mixed");
+    assert!(common::ledger_disagreements(&mut c, &["mixed"]).is_empty());
+}
