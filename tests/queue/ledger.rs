@@ -757,6 +757,7 @@ fn a_claim_that_takes_one_message_writes_its_row() {
 fn a_session_with_the_setting_off_passes_over_what_the_ledger_holds() {
     let mut c = connect();
     let mut off = crate::connect();
+    off.batch_execute("SET pgqueue.claim_ledger = off").unwrap();
     let q = new_queue(&mut c, "");
     let ids = send_many(&mut c, &q, 4, "0");
     let held = claim_two(&mut c, &q);
@@ -780,6 +781,7 @@ fn a_session_with_the_setting_off_passes_over_what_the_ledger_holds() {
     assert_eq!(held_later.map(|m| m.id), [more[0], more[1]]);
     let by_off = claim(&mut off, &q, 2, None);
     let by_on = claim(&mut on_rr, &q, 2, None);
+    assert!(by_off.iter().all(|m| named(&mut c, m.token).is_none()), "the session with it off wrote rows");
     for s in [&mut off, &mut on_rr] {
         s.batch_execute("COMMIT").unwrap();
     }
