@@ -222,6 +222,25 @@ fn a_set_sized_by_its_setting_overflows_and_is_rebuilt_once_the_claims_fit() {
         c.query_one("SELECT count(*) FROM pg_shmem_allocations WHERE name = 'pgqueue held sets'", &[]).unwrap().get(0);
     assert_eq!(allocated, 0, "no shared memory for it");
     assert!(claimed.iter().all(|m| ack(&mut c, m)));
+    // Without a set every claim asks the ledger about the rows it locked, in a snapshot taken
+    // after its row locks (0.25.0): in REPEATABLE READ and SERIALIZABLE transactions whose
+    // snapshots predate the claim through the ledger, with the setting on and off, the held
+    // rows are passed over, without 40001.
+    let ids = send_many(&mut c, "held", 6, "0");
+    let mut others: Vec<Client> = (0..2).map(|_| server.connect("postgres")).collect();
+    others[1].batch_execute("SET pgqueue.claim_ledger = off").unwrap();
+    for (o, level) in others.iter_mut().zip(["REPEATABLE READ", "SERIALIZABLE"]) {
+        o.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}; SELECT count(*) FROM pgqueue.queues")).unwrap();
+    }
+    let held = claim(&mut c, "held", 2, None);
+    assert_eq!(held.iter().map(|m| m.id).collect::<Vec<_>>(), ids[..2]);
+    let mut rest: Vec<i64> = vec![];
+    for o in &mut others {
+        rest.extend(claim(o, "held", 2, None).iter().map(|m| m.id));
+        o.batch_execute("COMMIT").unwrap();
+    }
+    rest.sort_unstable();
+    assert_eq!(rest, ids[2..], "neither took the two the ledger holds");
 }
 
 /// The set keeps each claim's lease as the row has it: granted by the claim, set by a renewal
