@@ -158,7 +158,8 @@ fn the_extension_created_again_and_ledger_rows_written_around_the_api_make_the_s
 /// `pgqueue.held_set_capacity` sizes each set (rounded up to a power of two). Claims beyond it
 /// are counted as overflows and the set stops vouching only for them; a rebuild that finds
 /// more live claims than fit waits for the prune cadence instead of reading the ledger every
-/// tick; once they fit, it makes the set exact again. At 0 there is no set.
+/// tick; once they fit, it makes the set exact again. At 0 there is no set, and claims ask the
+/// ledger.
 #[test]
 fn a_set_sized_by_its_setting_overflows_and_is_rebuilt_once_the_claims_fit() {
     let _turn = common::file_turn(file!());
