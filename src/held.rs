@@ -22,6 +22,7 @@ use pgrx::{AllocatedByPostgres, WhoAllocated};
 use std::cell::RefCell;
 use std::mem::{align_of, size_of};
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Databases with a set of their own.
 const SETS: usize = 8;
@@ -61,6 +62,9 @@ struct Shared {
     /// The last rebuild read more live claims than the set keeps: the next ones wait for the
     /// prune cadence (each reads the whole ledger).
     too_many: bool,
+    /// The set is exact and lists nothing (`quiet`): set under the lock after every change,
+    /// read without it by every claim that writes rows.
+    quiet: AtomicBool,
     set: InFlight<Slots>,
 }
 
@@ -156,7 +160,12 @@ fn with_set<R>(take: bool, f: impl FnOnce(&mut Shared) -> R) -> Option<R> {
                 sets[i].set.restart();
             }),
         };
-        let result = i.map(|i| f(&mut sets[i]));
+        let result = i.map(|i| {
+            let result = f(&mut sets[i]);
+            let quiet = sets[i].set.is_exact() && sets[i].set.is_empty();
+            sets[i].quiet.store(quiet, Ordering::SeqCst);
+            result
+        });
         pg_sys::LWLockRelease((*HEADER).lock);
         result
     }
@@ -225,6 +234,8 @@ thread_local! {
     static TX: RefCell<Tx> = RefCell::new(Tx::default());
     /// The API's claim statement is writing the ledger (not a restore's `COPY`).
     static CLAIMING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Where this database's set is (`quiet`), once found.
+    static SET_INDEX: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
 /// Whether this database's SQL notes every end (0.23.0 on, which shows the set in
@@ -278,7 +289,40 @@ pub fn exact() -> bool {
 /// messages before it commits (`took`), and cannot end them while their rows are locked.
 /// False without a set (not preloaded, every set taken, before the tick's first rebuild).
 pub fn quiet() -> bool {
-    in_use() && read_set(|shared| shared.set.is_exact() && shared.set.is_empty()).unwrap_or(false)
+    if !in_use() {
+        return false;
+    }
+    // The set's place, found once: it stays this database's while a backend is connected to
+    // it (only a dropped database's set is freed).
+    let i = match SET_INDEX.get() {
+        Some(i) => i,
+        None => match read_set_index() {
+            Some(i) => {
+                SET_INDEX.set(Some(i));
+                i
+            }
+            None => return false,
+        },
+    };
+    // SAFETY: HEADER is set (in_use); an atomic load, without the lock, which every claim
+    // would otherwise take twice. A take (`took`) stores false under the lock before its
+    // claim commits, and that commit comes before this claim's row lock on its rows.
+    unsafe { (*HEADER).sets[i].quiet.load(Ordering::SeqCst) }
+}
+
+/// The index of this database's set, if it has one (under the shared lock).
+fn read_set_index() -> Option<usize> {
+    // SAFETY: as in with_set; nothing is written under the shared lock.
+    unsafe {
+        if HEADER.is_null() {
+            return None;
+        }
+        let db = pg_sys::MyDatabaseId.to_u32();
+        pg_sys::LWLockAcquire((*HEADER).lock, pg_sys::LWLockMode::LW_SHARED);
+        let i = (*HEADER).sets.iter().position(|s| s.db == db);
+        pg_sys::LWLockRelease((*HEADER).lock);
+        i
+    }
 }
 
 /// Whether claims hold these messages (msg_id, the next claim number by its row, as the
