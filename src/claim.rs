@@ -344,8 +344,9 @@ static PICK_FROM_FREE: Statement = Statement {
 };
 /// Which of the rows a claim locked (`$2`, at the claim numbers `$3` their rows are at) a
 /// live ledger entry holds, where the held set cannot say: in a snapshot taken after the row
-/// locks (`run_latest`, also in REPEATABLE READ), so a claim that committed meanwhile is seen. It reads the queue's ledger rows (about
-/// one a claim call in flight), not their messages' rows: the numbers are the rows' already.
+/// locks (`run_latest`, also in REPEATABLE READ), so a claim that committed meanwhile is seen.
+/// It reads the queue's ledger rows (about one a claim call in flight), not their messages'
+/// rows: the numbers are the rows' already.
 static LEDGER_HOLDS: Statement = Statement {
     sql: c"SELECT e.msg_id
              FROM pgqueue.claims c, unnest(c.msg_ids, c.claim_numbers) AS e(msg_id, number),
