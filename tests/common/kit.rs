@@ -73,14 +73,21 @@ pub fn send_many(c: &mut impl GenericClient, q: &str, n: usize, delay: &str) -> 
 /// `pgq_claim(q, qty, lease)`: what it handed out, in its order. `lease` as SQL interval
 /// text, or None for the queue's own.
 pub fn claim(c: &mut impl GenericClient, q: &str, qty: i32, lease: Option<&str>) -> Vec<Claimed> {
-    c.query(
+    try_claim(c, q, qty, lease).unwrap()
+}
+
+/// `claim`, with the server's error (for a test that expects some).
+pub fn try_claim(
+    c: &mut impl GenericClient,
+    q: &str,
+    qty: i32,
+    lease: Option<&str>,
+) -> Result<Vec<Claimed>, postgres::Error> {
+    let rows = c.query(
         "SELECT msg_id, claim_token, attempt, priority FROM pgqueue.pgq_claim($1, $2, lease => $3::text::interval)",
         &[&q, &qty, &lease],
-    )
-    .unwrap()
-    .iter()
-    .map(|r| Claimed { id: r.get(0), token: r.get(1), attempt: r.get(2), priority: r.get(3) })
-    .collect()
+    )?;
+    Ok(rows.iter().map(|r| Claimed { id: r.get(0), token: r.get(1), attempt: r.get(2), priority: r.get(3) }).collect())
 }
 
 /// One message claimed from `q`; fails the test if there is none.

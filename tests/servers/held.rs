@@ -416,20 +416,10 @@ fn sessions_with_the_setting_on_and_off_claim_each_message_once() {
                     let qty = rng.range(1, 4) as i32;
                     let got = if rng.chance(20) {
                         c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
-                        match c.query(
-                            "SELECT msg_id, claim_token, attempt, priority FROM pgqueue.pgq_claim('mixed', $1)",
-                            &[&qty],
-                        ) {
-                            Ok(rows) => {
+                        match common::try_claim(&mut c, "mixed", qty, None) {
+                            Ok(got) => {
                                 c.batch_execute("COMMIT").unwrap();
-                                rows.iter()
-                                    .map(|r| common::Claimed {
-                                        id: r.get(0),
-                                        token: r.get(1),
-                                        attempt: r.get(2),
-                                        priority: r.get(3),
-                                    })
-                                    .collect()
+                                got
                             }
                             // A row claimed (so changed) since the snapshot, as in any REPEATABLE
                             // READ claim; never the ledger's ask, which reads in a snapshot of its own.
