@@ -359,9 +359,12 @@ fn nack_retries_then_dead_letters() {
     assert!(row.get::<_, bool>(1), "second attempt backs off ~2 s");
     assert_eq!(row.get::<_, String>(2), "boom", "the last error is kept");
     // Make it due now, claim the last attempt, nack: dead letter. The UPDATE goes around the
-    // API, so the queue's shared state learns it at the next tick (the worker is off here).
+    // API, so the queue's shared state does not know it is due: promote it as the tick's
+    // step would (the worker is off here), for this queue only. A whole tick (pgq_tick)
+    // would hold other tests' due messages locked while it runs, and their claims pass
+    // locked rows over.
     c.execute("UPDATE pgqueue.message_rows SET visible_at = now() WHERE msg_id = $1", &[&id]).unwrap();
-    c.execute("SELECT pgqueue.pgq_tick()", &[]).unwrap();
+    c.execute("SELECT pgqueue._promote_due($1, 1000)", &[&q]).unwrap();
     let Claimed { token, attempt, .. } = claim(&mut c, &q, 1, None)[0];
     assert_eq!(attempt, 3);
     c.execute("SELECT pgqueue.pgq_nack($1, $2, error => 'final')", &[&id, &token]).unwrap();
