@@ -536,6 +536,12 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
                 s = start(queue);
             }
             let mut writes = writes();
+            // One message: writing its row costs what a ledger row does, without the ledger's
+            // and the held set's work (0.24.2). The kinds live side by side (the setting is per
+            // session); a pick for one takes the path of a session with the setting off.
+            if qty == 1 && matches!(writes, Writes::Ledger) {
+                writes = Writes::Row;
+            }
             let free = match writes {
                 Writes::Ledger => pick_free(queue, &mut s, qty),
                 Writes::Row if crate::statement::has_relation(c"_ledger_held") => {
@@ -543,9 +549,8 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
                 }
                 _ => pick(queue, &s, qty, None).into_iter().map(|(id, _, _)| id).collect(),
             };
-            // One message: writing its row costs what a ledger row does, without the ledger's
-            // and the held set's work (0.24.2). The kinds live side by side (the setting is per
-            // session); the pick stays the ledger's, which passes over the rows it holds.
+            // The same where more were asked for and one was left (the ledger's pick passed
+            // over the rows it holds).
             if free.len() == 1 && matches!(writes, Writes::Ledger) {
                 writes = Writes::Row;
             }

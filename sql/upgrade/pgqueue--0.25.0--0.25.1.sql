@@ -1,0 +1,5 @@
+-- pgqueue 0.25.0 -> 0.25.1.
+--
+-- No SQL changes: 0.25.1's change is in the library (with the claim ledger on, a claim that
+-- asks for one message picks as a session with the setting off does). It needs the restart,
+-- not this script, which only moves the version.
