@@ -9,7 +9,7 @@
 use crate::common;
 
 use common::server::Server;
-use common::{Client, ack, claim, held_disagreements, held_numbers, held_set, send_many, wait_for};
+use common::{Client, ack, claim, held_disagreements, held_numbers, held_set, ids, message_row, send_many, wait_for};
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -73,6 +73,46 @@ fn the_held_set_lists_the_claims_the_rows_hold_through_every_end() {
     c.batch_execute("SELECT pgqueue.pgq_drop_queue('held', force => true)").unwrap();
     let s = held_set(&mut c).unwrap();
     assert_eq!((s.0, s.1, s.4), (true, 0, 0), "exact and empty, no claim passed over");
+}
+
+/// 0.25.1: with the ledger on, a claim that asks for one message picks as a session with the
+/// setting off: where the set is exact and lists nothing, the plain pick, which asks the set
+/// about no row (`_take_free` and `_held_free` uncalled, counted with `track_functions`);
+/// where the ledger holds messages, the ledger's pick, which passes over them. A claim of
+/// two takes the ledger's pick either way.
+#[test]
+fn a_claim_of_one_through_the_ledger_picks_as_with_the_setting_off() {
+    let _turn = common::file_turn(file!());
+    let server = Server::with_pgqueue(CONF);
+    let mut c = server.connect("postgres");
+    c.batch_execute("SELECT pgqueue.pgq_create_queue('held', lease => '1 hour'); SET track_functions = 'all'").unwrap();
+    let sent = send_many(&mut c, "held", 8, "0");
+    // The worker's tick gives the database a set, exact and empty, before any claim.
+    exact(&mut c);
+    let claim_asking = |c: &mut Client, qty: i32| -> (Vec<i64>, i64) {
+        let mut tx = c.transaction().unwrap();
+        let got = ids(&claim(&mut tx, "held", qty, None));
+        let asked: i64 = tx
+            .query_one(
+                "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions
+                  WHERE schemaname = 'pgqueue' AND funcname IN ('_take_free', '_held_free')",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        tx.commit().unwrap();
+        (got, asked)
+    };
+    assert_eq!(claim_asking(&mut c, 1), (vec![sent[0]], 0), "the plain pick");
+    let (two, asked) = claim_asking(&mut c, 2);
+    assert_eq!(two, sent[1..3]);
+    assert!(asked > 0, "a claim of two asks the set about each row it meets");
+    assert_eq!(held_numbers(&mut c, &sent[..4]), [0, 1, 1, 0], "the first written on its row, the two in the ledger");
+    let (one, asked) = claim_asking(&mut c, 1);
+    assert_eq!(one, [sent[3]], "past the two the ledger holds");
+    assert!(asked > 0, "with messages held, the ledger's pick");
+    assert_eq!(message_row(&mut c, sent[3]).map(|r| r.0), Some("claimed".into()), "its row written");
+    agrees(&mut c, "held");
 }
 
 #[test]
