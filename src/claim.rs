@@ -549,8 +549,7 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
                 }
                 _ => pick(queue, &s, qty, None).into_iter().map(|(id, _, _)| id).collect(),
             };
-            // The same where more were asked for and one was left (the ledger's pick passed
-            // over the rows it holds).
+            // The same where more were asked for and the ledger's pick found one free.
             if free.len() == 1 && matches!(writes, Writes::Ledger) {
                 writes = Writes::Row;
             }

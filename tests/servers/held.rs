@@ -89,17 +89,22 @@ fn a_claim_of_one_through_the_ledger_picks_as_with_the_setting_off() {
     let sent = send_many(&mut c, "held", 8, "0");
     // The worker's tick gives the database a set, exact and empty, before any claim.
     exact(&mut c);
+    // The calls this claim made: the difference within its transaction (the counts of an
+    // earlier one may not have been flushed yet).
     let claim_asking = |c: &mut Client, qty: i32| -> (Vec<i64>, i64) {
         let mut tx = c.transaction().unwrap();
-        let got = ids(&claim(&mut tx, "held", qty, None));
-        let asked: i64 = tx
-            .query_one(
+        let calls = |tx: &mut postgres::Transaction| -> i64 {
+            tx.query_one(
                 "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions
                   WHERE schemaname = 'pgqueue' AND funcname IN ('_take_free', '_held_free')",
                 &[],
             )
             .unwrap()
-            .get(0);
+            .get(0)
+        };
+        let before = calls(&mut tx);
+        let got = ids(&claim(&mut tx, "held", qty, None));
+        let asked = calls(&mut tx) - before;
         tx.commit().unwrap();
         (got, asked)
     };
