@@ -536,13 +536,14 @@ fn claim(ask: &Ask, outer: pg_sys::MemoryContext) -> Vec<Claimed> {
                 s = start(queue);
             }
             let mut writes = writes();
-            // One message: writing its row costs what a ledger row does, without the ledger's
-            // and the held set's work (0.24.2). The kinds live side by side (the setting is per
-            // session); a pick for one takes the path of a session with the setting off.
-            if qty == 1 && matches!(writes, Writes::Ledger) {
-                writes = Writes::Row;
-            }
             let free = match writes {
+                // One message: writing its row costs what a ledger row does, without the
+                // ledger's and the held set's work (0.24.2). The kinds live side by side (the
+                // setting is per session); a pick for one is a session's with the setting off.
+                Writes::Ledger if qty == 1 => {
+                    writes = Writes::Row;
+                    pick_beside_ledger(queue, &mut s, qty)
+                }
                 Writes::Ledger => pick_free(queue, &mut s, qty),
                 Writes::Row if crate::statement::has_relation(c"_ledger_held") => {
                     pick_beside_ledger(queue, &mut s, qty)
