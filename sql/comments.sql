@@ -110,8 +110,10 @@ COMMENT ON TABLE pgqueue.message_rows IS
     'the rows behind pgqueue.messages: read that view, not this table';
 COMMENT ON VIEW pgqueue.messages IS
     'messages waiting (ready, delayed, pending on their parents, or parked until a signal) or claimed; finished ones move to pgqueue.history';
-COMMENT ON TABLE pgqueue.history IS
-    'completed and dead-lettered messages, partitioned by queue and day, kept for the queue''s retention';
+COMMENT ON TABLE pgqueue.history_rows IS
+    'the rows behind pgqueue.history, partitioned by queue and day: read that view, not this table';
+COMMENT ON VIEW pgqueue.history IS
+    'completed, dead-lettered and cancelled messages, kept for the queue''s retention';
 COMMENT ON TABLE pgqueue.schedules IS
     'periodic schedules: pattern, time zone, message to enqueue, next run and counters';
 COMMENT ON TABLE pgqueue.dedup_keys IS

@@ -419,7 +419,7 @@ DECLARE
     q pgqueue.queues := pgqueue._queue(queue);
     deleted bigint;
 BEGIN
-    DELETE FROM pgqueue.history h
+    DELETE FROM pgqueue.history_rows h
      WHERE h.queue = q.queue AND h.outcome = 'dead' AND (msg_ids IS NULL OR h.msg_id = ANY (msg_ids));
     GET DIAGNOSTICS deleted = ROW_COUNT;
     PERFORM pgqueue._note(q.queue, deleted, 'dead', NULL);
@@ -437,7 +437,7 @@ DECLARE
     moved bigint;
 BEGIN
     WITH back AS (
-        DELETE FROM pgqueue.history h
+        DELETE FROM pgqueue.history_rows h
          WHERE h.queue = q.queue AND h.outcome = 'dead'
            AND (msg_ids IS NULL OR h.msg_id = ANY (msg_ids))
         RETURNING h.msg_id, h.priority, h.payload, h.headers, h.enqueued_at, h.last_error, h.progress

@@ -47,7 +47,7 @@ BEGIN
         RETURN false;
     END IF;
     EXECUTE pg_catalog.format(
-        'CREATE TABLE pgqueue.%I (LIKE pgqueue.history INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', part);
+        'CREATE TABLE pgqueue.%I (LIKE pgqueue.history_rows INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', part);
     PERFORM pgqueue._index_history_part(part);
     EXECUTE pg_catalog.format(
         'ALTER TABLE pgqueue.%I ATTACH PARTITION pgqueue.%I FOR VALUES FROM (%L) TO (%L)',
@@ -95,10 +95,10 @@ BEGIN
     -- Shared state left by an earlier queue of that name is forgotten at commit.
     PERFORM pgqueue._reset_queue(queue);
 
-    -- Built apart and attached last: attaching locks pgqueue.history only in SHARE UPDATE
+    -- Built apart and attached last: attaching locks pgqueue.history_rows only in SHARE UPDATE
     -- EXCLUSIVE mode, so other queues' acks are not held up.
     EXECUTE pg_catalog.format(
-        'CREATE TABLE pgqueue.%I (LIKE pgqueue.history INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (finished_at)',
+        'CREATE TABLE pgqueue.%I (LIKE pgqueue.history_rows INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (finished_at)',
         pgqueue._history_table(queue));
     -- Rows that arrive before their day's partition exists land here; never lost.
     EXECUTE pg_catalog.format('CREATE TABLE pgqueue.%I PARTITION OF pgqueue.%I DEFAULT',
@@ -107,7 +107,7 @@ BEGIN
     FOR day IN SELECT d::date FROM pg_catalog.generate_series(now()::date, now()::date + 2, '1 day') d LOOP
         PERFORM pgqueue._ensure_history_day(queue, day);
     END LOOP;
-    EXECUTE pg_catalog.format('ALTER TABLE pgqueue.history ATTACH PARTITION pgqueue.%I FOR VALUES IN (%L)',
+    EXECUTE pg_catalog.format('ALTER TABLE pgqueue.history_rows ATTACH PARTITION pgqueue.%I FOR VALUES IN (%L)',
         pgqueue._history_table(queue), queue);
 END
 $$;
@@ -167,7 +167,7 @@ BEGIN
     DELETE FROM pgqueue.dedup_keys d WHERE d.queue = pgq_drop_queue.queue;
     DELETE FROM pgqueue.queues q WHERE q.queue = pgq_drop_queue.queue;
     PERFORM pgqueue._reset_queue(queue);  -- at commit; its waiting claims then find it gone
-    -- Dropping a partition locks pgqueue.history exclusively: wait for that at most
+    -- Dropping a partition locks pgqueue.history_rows exclusively: wait for that at most
     -- lock_timeout (5 s, this function's setting), then fail with 55P03 and change nothing.
     EXECUTE pg_catalog.format('DROP TABLE pgqueue.%I', pgqueue._history_table(queue));
 END

@@ -229,7 +229,8 @@ CREATE INDEX schedules_due_idx ON pgqueue.schedules (next_run) WHERE NOT paused;
 -- own index (pgqueue._index_history_part). No index is declared here: a partitioned index on
 -- this table, which belongs to the extension, would be copied onto every partition a
 -- restore attaches, before the restore creates that same index from the dump.
-CREATE TABLE pgqueue.history (
+-- Named history until 0.26.0; pgqueue.history is now a view of it (below).
+CREATE TABLE pgqueue.history_rows (
     msg_id      bigint NOT NULL,
     queue       text NOT NULL,
     outcome     text NOT NULL CONSTRAINT history_outcome_check
@@ -245,6 +246,15 @@ CREATE TABLE pgqueue.history (
     progress    jsonb,  -- the message's last progress
     after       bigint[] -- the parents it waited for
 ) PARTITION BY LIST (queue);
+
+-- What users read of finished messages: the rows above, for now. Readers of finished
+-- messages read this view, writers the table: stage 2 of the write path
+-- (docs/design/write-path.md) leaves a finished message's row in pgqueue.message_rows and
+-- shows it here, changing this view's definition and not its readers.
+CREATE VIEW pgqueue.history AS
+SELECT msg_id, queue, outcome, priority, attempt, payload, headers, enqueued_at, finished_at, last_error, result,
+       progress, after
+  FROM pgqueue.history_rows;
 
 -- Per-queue counts by minute, for charts (the console, exporters, SQL): what commits sent,
 -- completed, dead-lettered and retried (nacked or re-armed), and the depth by state when the

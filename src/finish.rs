@@ -3,7 +3,7 @@
 
 use crate::dependencies;
 use crate::outcome_wait;
-use crate::statement::{Statement, has_column};
+use crate::statement::{Statement, has_column, has_relation};
 use pgrx::AnyArray;
 use pgrx::pg_sys::{self, INT8ARRAYOID, JSONBARRAYOID, TEXTOID, UUIDARRAYOID};
 use pgrx::prelude::*;
@@ -25,7 +25,7 @@ use pgrx::prelude::*;
 /// Earlier releases' tables lack columns: `$progress`, `$dependents` and `$after` read the
 /// message's, and `$kept` and `$values` the history's extra columns, as the layout has them.
 macro_rules! to_history {
-    ($table:literal, $held:expr, $cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal, $ended:literal, $unwritten:literal) => {
+    ($history:literal, $table:literal, $held:expr, $cancelling:literal, $progress:literal, $dependents:literal, $after:literal, $kept:literal, $values:literal, $ended:literal, $unwritten:literal) => {
         Statement {
             sql: crate::statement::text(concat!(
                     "WITH gone AS (
@@ -69,7 +69,9 @@ macro_rules! to_history {
                 WHERE g.dedup_key IS NOT NULL AND d.queue = g.queue AND d.dedup_key = g.dedup_key
                   AND d.msg_id = g.msg_id AND d.hold > interval '0' AND g.outcome <> 'cancelled'
            ), kept AS (
-               INSERT INTO pgqueue.history (msg_id, queue, outcome, priority, attempt, payload, headers,
+               INSERT INTO ",
+                    $history,
+                    " AS h (msg_id, queue, outcome, priority, attempt, payload, headers,
                                             enqueued_at, last_error",
                     $kept,
                     ")
@@ -78,7 +80,7 @@ macro_rules! to_history {
                     $values,
                     "
                  FROM gone g
-               RETURNING history.msg_id
+               RETURNING h.msg_id
            ), noted AS (
                SELECT pgqueue._note(g.queue, count(*), g.state, g.outcome) FROM gone g GROUP BY g.queue, g.state, g.outcome
            )
@@ -96,13 +98,15 @@ macro_rules! held_by_row {
     };
 }
 /// The statement on the tables of 0.17.0 and later (dependencies, results, progress), with
-/// `$held`, the fence, as the release's SQL has it.
+/// `$held`, the fence, as the release's SQL has it, and `$history`, the table finished
+/// messages go to (pgqueue.history until 0.26.0, then the table behind that view).
 macro_rules! to_history_since_0_17 {
     ($table:literal, $held:expr) => {
-        to_history_since_0_17!($table, $held, "NULL::integer", "false")
+        to_history_since_0_17!("pgqueue.history", $table, $held, "NULL::integer", "false")
     };
-    ($table:literal, $held:expr, $ended:literal, $unwritten:literal) => {
+    ($history:literal, $table:literal, $held:expr, $ended:literal, $unwritten:literal) => {
         to_history!(
+            $history,
             $table,
             $held,
             "m.cancel_requested_at IS NOT NULL",
@@ -121,20 +125,28 @@ macro_rules! to_history_since_0_17 {
 /// statement's snapshot). A 'ready' row is as a claim through the ledger leaves it (step 3b
 /// of the write path): the ledger alone says whether it is held, and a row it fences is that
 /// claim's, one attempt further than the row counts. Returns the number of each claim it
-/// ends (for the held set).
-static TO_HISTORY: Statement = to_history_since_0_17!(
-    "pgqueue.message_rows",
-    "CASE WHEN pgqueue._token_claim(u.token) IS NULL THEN m.claim_token = u.token AND m.state = 'claimed'
-          ELSE pgqueue._ledger_agrees(u.token, m.msg_id, m.claims_ended + 1,
-                                      CASE WHEN m.state <> 'ready' THEN m.claim_token = u.token AND m.state = 'claimed' END,
-                                      (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
-                                      EXISTS (SELECT FROM pgqueue.claims c
-                                               WHERE c.claim_id = pgqueue._token_claim(u.token)))
-     END",
-    "CASE WHEN (m.state = 'claimed' AND pgqueue._token_claim(m.claim_token) IS NOT NULL)
-               OR (m.state = 'ready' AND $2 IS NOT NULL) THEN m.claims_ended + 1 END",
-    "(m.state = 'ready' AND $2 IS NOT NULL)"
-);
+/// ends (for the held set). `$history`: 0.24.0's to 0.25.1's tables name their history's
+/// rows pgqueue.history.
+macro_rules! to_history_since_0_24 {
+    ($history:literal) => {
+        to_history_since_0_17!(
+            $history,
+            "pgqueue.message_rows",
+            "CASE WHEN pgqueue._token_claim(u.token) IS NULL THEN m.claim_token = u.token AND m.state = 'claimed'
+                  ELSE pgqueue._ledger_agrees(u.token, m.msg_id, m.claims_ended + 1,
+                                              CASE WHEN m.state <> 'ready' THEN m.claim_token = u.token AND m.state = 'claimed' END,
+                                              (SELECT k.key FROM pgqueue.claim_key k ORDER BY k.made_at, k.key LIMIT 1),
+                                              EXISTS (SELECT FROM pgqueue.claims c
+                                                       WHERE c.claim_id = pgqueue._token_claim(u.token)))
+             END",
+            "CASE WHEN (m.state = 'claimed' AND pgqueue._token_claim(m.claim_token) IS NOT NULL)
+                       OR (m.state = 'ready' AND $2 IS NOT NULL) THEN m.claims_ended + 1 END",
+            "(m.state = 'ready' AND $2 IS NOT NULL)"
+        )
+    };
+}
+static TO_HISTORY: Statement = to_history_since_0_24!("pgqueue.history_rows");
+static TO_HISTORY_0_25: Statement = to_history_since_0_24!("pgqueue.history");
 /// The same for a database still running an earlier release's SQL (until ALTER EXTENSION
 /// UPDATE): 0.21.0's ledger counts attempts, and only vouches for what the row holds;
 /// 0.20.0's has no claim ledger; 0.16.0's no dependencies; 0.15.0's keeps neither
@@ -151,6 +163,7 @@ static TO_HISTORY_0_21: Statement = to_history_since_0_17!(
 );
 static TO_HISTORY_0_20: Statement = to_history_since_0_17!("pgqueue.messages", held_by_row!());
 static TO_HISTORY_0_16: Statement = to_history!(
+    "pgqueue.history",
     "pgqueue.messages",
     held_by_row!(),
     "m.cancel_requested_at IS NOT NULL",
@@ -163,6 +176,7 @@ static TO_HISTORY_0_16: Statement = to_history!(
     "false"
 );
 static TO_HISTORY_0_15: Statement = to_history!(
+    "pgqueue.history",
     "pgqueue.messages",
     held_by_row!(),
     "m.cancel_requested_at IS NOT NULL",
@@ -175,6 +189,7 @@ static TO_HISTORY_0_15: Statement = to_history!(
     "false"
 );
 static TO_HISTORY_0_14: Statement = to_history!(
+    "pgqueue.history",
     "pgqueue.messages",
     held_by_row!(),
     "false",
@@ -190,8 +205,10 @@ static TO_HISTORY_0_14: Statement = to_history!(
 /// Which release's tables this database has, by the newest column each added: catalog cache
 /// lookups, no query, so that an ack costs the same.
 fn layout() -> &'static Statement {
-    if has_column(c"messages", c"claims_ended") {
+    if has_relation(c"history_rows") {
         &TO_HISTORY
+    } else if has_column(c"messages", c"claims_ended") {
+        &TO_HISTORY_0_25
     } else if has_column(c"claims", c"claim_id") {
         &TO_HISTORY_0_21
     } else if has_column(c"history", c"after") {

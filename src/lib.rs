@@ -41,7 +41,7 @@ mod tick_counts;
 mod wait;
 mod worker;
 
-::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.25.1");
+::pgrx::pg_module_magic!(name = c"pgqueue", version = c"0.26.0");
 
 #[pg_guard]
 #[allow(non_snake_case)]
@@ -108,7 +108,7 @@ mod tests {
              WHERE e.extname = 'pgqueue'",
         );
         assert_eq!(schema, Ok(Some("pgqueue".to_string())));
-        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.25.1".into())));
+        assert_eq!(Spi::get_one::<String>("SELECT pgqueue.pgq_version()"), Ok(Some("0.26.0".into())));
     }
 
     /// `\df+`, `\dv+` and `\dt+` describe every public function, every view and every table

@@ -9,7 +9,7 @@
 
 use crate::queue_state::{self, Key, State};
 use crate::recount;
-use crate::statement::has_message_rows;
+use crate::statement::{has_message_rows, has_relation};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -280,11 +280,18 @@ pub fn recount_dead(queue: &str) {
 /// once it is taken; false where it does not (the queue was dropped, or is being dropped
 /// and this waited for that to commit).
 ///
-/// The whole history's (`pgqueue.history`) first: a DROP TABLE of a queue's history locks the
-/// parent before the child, and the count's plan locks the parent too (for the partition
-/// bound). Child first, a count and a `pgq_drop_queue` could each wait for the other.
+/// The whole history's (`pgqueue.history_rows`) first: a DROP TABLE of a queue's history locks
+/// the parent before the child, and the count's plan locks the parent too (for the partition
+/// bound). Child first, a count and a `pgq_drop_queue` could each wait for the other. (Until
+/// ALTER EXTENSION UPDATE from 0.25 or earlier the parent is named pgqueue.history; a view
+/// of that name would lock every queue's partitions.)
 fn lock_history(queue: &str) -> bool {
-    Spi::run("LOCK TABLE ONLY pgqueue.history IN ACCESS SHARE MODE").unwrap_or_else(|e| error!("{e}"));
+    let lock = if has_relation(c"history_rows") {
+        "LOCK TABLE ONLY pgqueue.history_rows IN ACCESS SHARE MODE"
+    } else {
+        "LOCK TABLE ONLY pgqueue.history IN ACCESS SHARE MODE"
+    };
+    Spi::run(lock).unwrap_or_else(|e| error!("{e}"));
     let name = Spi::get_one_with_args::<String>("SELECT pgqueue._history_table($1)", &[queue.into()])
         .unwrap_or_else(|e| error!("{e}"));
     let Some(name) = name.and_then(|n| std::ffi::CString::new(n).ok()) else { return false };

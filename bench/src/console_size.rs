@@ -78,7 +78,7 @@ fn fill(c: &mut Client, queues: i64, rows: i64) -> (i64, String) {
         ))
         .unwrap();
     }
-    c.batch_execute("VACUUM ANALYZE pgqueue.history").unwrap();
+    c.batch_execute("VACUUM ANALYZE pgqueue.history_rows").unwrap();
     c.batch_execute("ANALYZE pgqueue.message_rows").unwrap();
     // The rows above went around the API (as a restore's would): the tick's validation at the
     // prune cadence counts them. Ticks here too, in case no worker runs in this database.

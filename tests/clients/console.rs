@@ -223,7 +223,7 @@ fn the_overview_and_queue_pages_read_o_queues_buffers() {
     for sql in [
         "SELECT pgqueue.pgq_send_batch('sized_0', array_fill('{}'::jsonb, ARRAY[10000]))",
         "SELECT pgqueue.pgq_send_batch('sized_0', array_fill('{}'::jsonb, ARRAY[10000]))",
-        "VACUUM ANALYZE pgqueue.history",
+        "VACUUM ANALYZE pgqueue.history_rows",
         "VACUUM ANALYZE pgqueue.message_rows",
         "VACUUM ANALYZE pgqueue.queue_minutes",
         "SELECT * FROM pgqueue.pgq_tick()",

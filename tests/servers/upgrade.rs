@@ -279,6 +279,12 @@ fn alter_extension_update_from_0_25_0_equals_a_fresh_install() {
     update_from("0.25.0");
 }
 
+#[test]
+fn alter_extension_update_from_0_25_1_equals_a_fresh_install() {
+    let _turn = common::file_turn(file!());
+    update_from("0.25.1");
+}
+
 /// 0.21.0's claim ledger numbered a message's claims by its attempt, which a park that resumes
 /// at once gives back. The update carries the claims in flight under the ledger's tokens over
 /// (they ack after it) and drops the entries the rows no longer hold, which the new count
