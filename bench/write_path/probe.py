@@ -103,6 +103,21 @@ CREATE INDEX ON proto.hot_reordered (queue, priority DESC, msg_id) WHERE visible
 CREATE INDEX ON proto.hot_reordered (queue, visible_at) WHERE visible_at IS NOT NULL;
 CREATE INDEX ON proto.hot_reordered (session_pid) WHERE session_pid IS NOT NULL;
 
+-- The history as one row per ack call (F): the finished messages' columns as arrays, found
+-- by msg_id through the call's first id (a BRIN index: about one entry per page of calls).
+CREATE TABLE proto.history_calls (
+    first_id bigint NOT NULL, msg_ids bigint[] NOT NULL, queue text NOT NULL, outcome text NOT NULL,
+    priorities smallint[] NOT NULL, attempts integer[] NOT NULL, payloads jsonb[] NOT NULL, headers jsonb[],
+    enqueued_ats timestamptz[] NOT NULL, finished_at timestamptz NOT NULL DEFAULT now(), last_errors text[]
+);
+CREATE INDEX ON proto.history_calls USING brin (first_id);
+-- The same found exactly by msg_id: a GiST index of the call's id range (a lookup rechecks
+-- msg_ids), or a GIN index of msg_ids (its pending list, as GIN inserts by default).
+CREATE TABLE proto.history_calls_gist (LIKE proto.history_calls INCLUDING DEFAULTS, last_id bigint NOT NULL);
+CREATE INDEX ON proto.history_calls_gist USING gist (int8range(first_id, last_id, '[]'));
+CREATE TABLE proto.history_calls_gin (LIKE proto.history_calls INCLUDING DEFAULTS);
+CREATE INDEX ON proto.history_calls_gin USING gin (msg_ids);
+
 -- Per-message ledgers instead of per-call ones: one narrow row per claim, one per finish.
 CREATE TABLE proto.claim_rows (
     msg_id bigint NOT NULL, attempt integer NOT NULL, claim_token uuid NOT NULL,
@@ -343,8 +358,9 @@ def pgqueue(c, jobs):
 
 def proto(c, jobs, claim_log, ack, lock=False):
     """claim_log: False (nothing written), True (a row per call), 'rows' (a row per message);
-    ack: 'delete' (DELETE + INSERT history per message), 'log' (a done row per call) or 'rows'
-    (a done row per message); lock: the claim locks the rows it takes (FOR UPDATE SKIP LOCKED)."""
+    ack: 'delete' (DELETE + INSERT history per message), 'calls' (DELETE + one history row per
+    call; 'calls gist', 'calls gin': its table indexed for look-ups by msg_id), 'log' (a done row per call) or 'rows' (a done row per message); lock: the claim locks
+    the rows it takes (FOR UPDATE SKIP LOCKED)."""
     start = 0
     pick = "FOR UPDATE SKIP LOCKED" if lock else ""
 
@@ -372,6 +388,20 @@ def proto(c, jobs, claim_log, ack, lock=False):
             )
         if ack == "delete":
             delete_to_history(c, "proto.messages", ids, "attempt + 1")
+        elif ack.startswith("calls"):
+            table, last = {"calls": ("proto.history_calls", ""), "calls gist": ("proto.history_calls_gist", ", last_id"),
+                           "calls gin": ("proto.history_calls_gin", "")}[ack]
+            c.execute(
+                f"""WITH gone AS (DELETE FROM proto.messages WHERE msg_id = ANY(%s) RETURNING *)
+                   INSERT INTO {table} (first_id, msg_ids, queue, outcome, priorities, attempts,
+                                        payloads, headers, enqueued_ats{last})
+                   SELECT min(msg_id), array_agg(msg_id ORDER BY msg_id), min(queue), 'completed',
+                          array_agg(priority ORDER BY msg_id), array_agg(attempt + 1 ORDER BY msg_id),
+                          array_agg(payload ORDER BY msg_id), array_agg(headers ORDER BY msg_id),
+                          array_agg(enqueued_at ORDER BY msg_id){", max(msg_id)" if last else ""}
+                     FROM gone""",
+                (ids,),
+            )
         elif ack == "rows":
             c.execute("INSERT INTO proto.done_rows SELECT id, 'completed', 1 FROM unnest(%s::bigint[]) id", (ids,))
         else:
@@ -448,6 +478,11 @@ def main():
         measure(c, "A: claims off the row, DELETE + history", jobs, lambda n: proto(c, n, False, "delete"), p)
         measure(c, "B: A + a claim row per call", jobs, lambda n: proto(c, n, True, "delete"), p)
         measure(c, "B + the claim's row locks (stage 1)", jobs, lambda n: proto(c, n, True, "delete", lock=True), p)
+        measure(c, "F: B, the history one row per ack call", jobs, lambda n: proto(c, n, True, "calls"), p)
+        measure(c, "F + the claim's row locks", jobs, lambda n: proto(c, n, True, "calls", lock=True), p)
+        measure(c, "F + locks, found by id range (GiST)", jobs,
+                lambda n: proto(c, n, True, "calls gist", lock=True), p)
+        measure(c, "F + locks, found by id (GIN)", jobs, lambda n: proto(c, n, True, "calls gin", lock=True), p)
         c.execute("TRUNCATE proto.messages")
         measure(c, "C: claims off the row, a done row per call", jobs, lambda n: proto(c, n, False, "log"), p)
         c.execute("TRUNCATE proto.messages")
