@@ -248,9 +248,9 @@ CREATE TABLE pgqueue.history_rows (
 ) PARTITION BY LIST (queue);
 
 -- What users read of finished messages: the rows above, for now. Readers of finished
--- messages read this view, writers the table: stage 2 of the write path
--- (docs/design/write-path.md) leaves a finished message's row in pgqueue.message_rows and
--- shows it here, changing this view's definition and not its readers.
+-- messages read this view, writers the table, so that stage 2 of the write path
+-- (docs/design/write-path.md), which keeps finished messages in another shape, changes this
+-- view's definition and not its readers.
 CREATE VIEW pgqueue.history AS
 SELECT msg_id, queue, outcome, priority, attempt, payload, headers, enqueued_at, finished_at, last_error, result,
        progress, after

@@ -202,8 +202,8 @@ static TO_HISTORY_0_14: Statement = to_history!(
     "false"
 );
 
-/// Which release's tables this database has, by the newest column each added: catalog cache
-/// lookups, no query, so that an ack costs the same.
+/// Which release's tables this database has, by the newest table or column each added:
+/// catalog cache lookups, no query, so that an ack costs the same.
 fn layout() -> &'static Statement {
     if has_relation(c"history_rows") {
         &TO_HISTORY
