@@ -48,23 +48,20 @@ CREATE TABLE proto.history_calls (
 );
 CREATE INDEX ON proto.history_calls USING gist (int8range(first_id, last_id, '[]'));
 SQL
-cat > /tmp/hc-B.sql <<'SQL'
-WITH picked AS (SELECT msg_id FROM proto.messages WHERE queue = 'probe'
+# Both layouts claim alike: the picked rows, locked; the call's claim row; the rows deleted.
+claim="WITH picked AS (SELECT msg_id FROM proto.messages WHERE queue = 'probe'
                  ORDER BY priority DESC, msg_id LIMIT 64 FOR UPDATE SKIP LOCKED),
      claimed AS (INSERT INTO proto.claims (msg_ids, tokens, lease_expires_at)
                  SELECT array_agg(msg_id), array_agg(gen_random_uuid()), now() + '30 s' FROM picked
                  HAVING count(*) > 0),
-     gone AS (DELETE FROM proto.messages m USING picked p WHERE m.msg_id = p.msg_id RETURNING m.*)
+     gone AS (DELETE FROM proto.messages m USING picked p WHERE m.msg_id = p.msg_id RETURNING m.*)"
+cat > /tmp/hc-B.sql <<SQL
+$claim
 INSERT INTO proto.history (msg_id, queue, outcome, priority, attempt, payload, headers, enqueued_at)
 SELECT msg_id, queue, 'completed', priority, attempt + 1, payload, headers, enqueued_at FROM gone;
 SQL
-cat > /tmp/hc-F.sql <<'SQL'
-WITH picked AS (SELECT msg_id FROM proto.messages WHERE queue = 'probe'
-                 ORDER BY priority DESC, msg_id LIMIT 64 FOR UPDATE SKIP LOCKED),
-     claimed AS (INSERT INTO proto.claims (msg_ids, tokens, lease_expires_at)
-                 SELECT array_agg(msg_id), array_agg(gen_random_uuid()), now() + '30 s' FROM picked
-                 HAVING count(*) > 0),
-     gone AS (DELETE FROM proto.messages m USING picked p WHERE m.msg_id = p.msg_id RETURNING m.*)
+cat > /tmp/hc-F.sql <<SQL
+$claim
 INSERT INTO proto.history_calls (first_id, last_id, msg_ids, queue, outcome, priorities, attempts, payloads,
                                  headers, enqueued_ats)
 SELECT min(msg_id), max(msg_id), array_agg(msg_id ORDER BY msg_id), min(queue), 'completed',
