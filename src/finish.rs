@@ -3,7 +3,7 @@
 
 use crate::dependencies;
 use crate::outcome_wait;
-use crate::statement::{Statement, has_column, has_relation};
+use crate::statement::{Statement, has_column, has_history_rows};
 use pgrx::AnyArray;
 use pgrx::pg_sys::{self, INT8ARRAYOID, JSONBARRAYOID, TEXTOID, UUIDARRAYOID};
 use pgrx::prelude::*;
@@ -205,7 +205,7 @@ static TO_HISTORY_0_14: Statement = to_history!(
 /// Which release's tables this database has, by the newest table or column each added:
 /// catalog cache lookups, no query, so that an ack costs the same.
 fn layout() -> &'static Statement {
-    if has_relation(c"history_rows") {
+    if has_history_rows() {
         &TO_HISTORY
     } else if has_column(c"messages", c"claims_ended") {
         &TO_HISTORY_0_25

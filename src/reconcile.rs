@@ -9,7 +9,7 @@
 
 use crate::queue_state::{self, Key, State};
 use crate::recount;
-use crate::statement::{has_message_rows, has_relation};
+use crate::statement::{has_history_rows, has_message_rows};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -286,7 +286,7 @@ pub fn recount_dead(queue: &str) {
 /// ALTER EXTENSION UPDATE from 0.25 or earlier the parent is named pgqueue.history; a view
 /// of that name would lock every queue's partitions.)
 fn lock_history(queue: &str) -> bool {
-    let lock = if has_relation(c"history_rows") {
+    let lock = if has_history_rows() {
         "LOCK TABLE ONLY pgqueue.history_rows IN ACCESS SHARE MODE"
     } else {
         "LOCK TABLE ONLY pgqueue.history IN ACCESS SHARE MODE"

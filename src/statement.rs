@@ -60,6 +60,12 @@ pub fn has_message_rows() -> bool {
     has_relation(c"message_rows")
 }
 
+/// Whether finished messages go to `pgqueue.history_rows` (0.26.0 on), the table behind the
+/// view `pgqueue.history`, not to the table `pgqueue.history`.
+pub fn has_history_rows() -> bool {
+    has_relation(c"history_rows")
+}
+
 /// `on_rows!(args; "SELECT … FROM ", ROWS, " m …")`: an `OnRows` whose text names the hot
 /// table wherever `ROWS` stands.
 #[macro_export]
